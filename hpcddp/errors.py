@@ -1,0 +1,32 @@
+"""One error hierarchy, so callers can catch everything hpcddp raises with one name.
+
+Messages say what was seen, what was expected, and end with a ``HINT:`` that tells the fix.
+"""
+
+
+class HpcddpError(Exception):
+    """Base of every error hpcddp raises on purpose."""
+
+
+class HostlistError(HpcddpError, ValueError):
+    """A Slurm hostlist expression that Slurm itself would reject."""
+
+
+class LaunchError(HpcddpError, ValueError):
+    """Launch information (Slurm, torchrun, local) is missing or inconsistent."""
+
+
+class ConfigError(HpcddpError, ValueError):
+    """A configuration file or override that does not describe a valid run."""
+
+
+class DownloadError(HpcddpError):
+    """A guarded download failed (on this rank or on the rank that fetched)."""
+
+
+class CheckpointError(HpcddpError):
+    """A checkpoint could not be written or read."""
+
+
+class DistributedError(HpcddpError):
+    """The process group could not be formed or a peer rank failed."""
