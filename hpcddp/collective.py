@@ -1,0 +1,58 @@
+"""Small collectives that keep every rank in step around work only some ranks do.
+
+The classic hang: rank 0 fails inside ``if rank == 0:`` and the others wait on the next
+collective until its timeout. Here the doer's outcome is broadcast, so every rank raises the
+same error at once.
+"""
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from hpcddp.errors import HpcddpError
+
+T = TypeVar("T")
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Every rank gets ``src``'s object (identity without a process group)."""
+    if not _active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's object, in rank order (``[obj]`` without a process group)."""
+    if not _active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def on_rank_zero(fn: Callable[[], T], rank: int, what: str) -> T | None:
+    """Run ``fn`` on rank 0 only; if it fails, every rank raises the same error promptly."""
+    result, failure = None, None
+    if rank == 0:
+        try:
+            result = fn()
+        except Exception as err:  # reported to every rank below, then re-raised here
+            failure = err
+    outcome = broadcast_object(None if failure is None else f"{type(failure).__name__}: {failure}")
+    if failure is not None:
+        raise failure
+    if outcome is not None:
+        raise HpcddpError(f"rank 0 failed to {what}: {outcome}")
+    return result
+
+
+def agree_any(flag: bool) -> bool:
+    """True on every rank if it is true on any rank (e.g. a stop request seen by some)."""
+    return any(all_gather_object(bool(flag)))

@@ -1,0 +1,94 @@
+"""The process group's whole life in one place: export, bind, init with a timeout, destroy.
+
+``os.environ`` is written here and nowhere else, so what torch reads is exactly what
+`resolve_env` decided. The group is always destroyed, so a finished or failed run never leaves
+a rank blocked on a peer that already left.
+"""
+
+import contextlib
+import datetime
+import logging
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from hpcddp.environments import DistEnv
+from hpcddp.errors import DistributedError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 300.0  # minutes, not gloo's 30-minute default: a hang should end soon
+
+
+def export_env(env: DistEnv) -> None:
+    """Write the ``env://`` variables for torch and for libraries that read them."""
+    os.environ.update(env.torch_env())
+
+
+def cpu_threads(env: DistEnv, environ=os.environ) -> int:
+    """Intra-op threads per rank: what Slurm gave the task, else this node's cores shared out.
+
+    torch defaults to every core in every process; K ranks on one node then fight over the
+    cores and a 2-process run can be 10x slower than one process.
+    """
+    for name in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK"):
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return max((os.cpu_count() or 1) // max(env.local_world_size, 1), 1)
+
+
+def bind_device(env: DistEnv) -> torch.device:
+    """Make this rank's GPU the current one before any CUDA work or NCCL init."""
+    device = torch.device(env.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def init_process_group(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Join the job's process group; a world of one needs no port and uses an in-memory store."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    device_id = torch.device(env.device) if env.backend == "nccl" else None
+    if env.world_size == 1:
+        dist.init_process_group(env.backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout, device_id=device_id)
+        return
+    log.info("joining process group: rank %d/%d via %s:%d (%s)", env.rank, env.world_size,
+             env.master_addr, env.master_port, env.backend)
+    try:
+        dist.init_process_group(env.backend, init_method="env://", rank=env.rank,
+                                world_size=env.world_size, timeout=timeout, device_id=device_id)
+    except Exception as err:  # torch raises several unrelated types here
+        raise DistributedError(
+            f"rank {env.rank} on {env.hostname} could not join the process group at "
+            f"{env.master_addr}:{env.master_port} within {timeout_s:.0f} s: {err}. HINT: check "
+            "that every rank runs (srun, not the batch shell), that the master host is reachable, "
+            "and that MASTER_PORT is free (set MASTER_PORT to choose another)."
+        ) from err
+
+
+@contextlib.contextmanager
+def process_group(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[torch.device]:
+    """Export, bind, join; yield the device; always leave the group, cleanly when possible."""
+    export_env(env)
+    torch.set_num_threads(cpu_threads(env))
+    device = bind_device(env)
+    init_process_group(env, timeout_s)
+    finished = False
+    try:
+        yield device
+        finished = True
+    finally:
+        _leave(finished)
+
+
+def _leave(finished: bool) -> None:
+    """Leave together after success so no rank tears the store down under a peer."""
+    if not dist.is_initialized():
+        return
+    if finished and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()

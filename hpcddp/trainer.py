@@ -1,0 +1,352 @@
+"""The shared DDP trainer: user model and dataset in, checkpoints, metrics and a summary out.
+
+Read `Trainer.fit` top to bottom: join the process group, prepare the run directory (rank 0),
+build model, data and optimizer, resume from the latest complete checkpoint, train in
+accumulation windows, evaluate, checkpoint, and finish with a summary every rank agrees on.
+"""
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from hpcddp import collective, data, rng, rundir
+from hpcddp.checkpoint import CheckpointStore, atomic_write_text
+from hpcddp.config import Config
+from hpcddp.distributed import process_group
+from hpcddp.environments import DistEnv, resolve_env
+from hpcddp.errors import ConfigError, DistributedError
+from hpcddp.factories import import_factory
+from hpcddp.logs import setup_logging
+from hpcddp.optim import make_optimizer, make_scheduler
+from hpcddp.weights import weights_sha256
+
+log = logging.getLogger(__name__)
+
+
+def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross entropy over the last dimension; sequence outputs (B, T, V) are flattened."""
+    if outputs.dim() > 2:
+        outputs, targets = outputs.reshape(-1, outputs.size(-1)), targets.reshape(-1)
+    return F.cross_entropy(outputs, targets)
+
+
+def split_datasets(made: Any) -> tuple[Any, Any]:
+    """A dataset factory returns ``train`` or ``(train, eval)`` or ``{"train":..., "eval":...}``."""
+    if isinstance(made, dict):
+        return made["train"], made.get("eval")
+    if isinstance(made, (tuple, list)):
+        return made[0], made[1] if len(made) > 1 else None
+    return made, None
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    batch: int = 0  # micro-batches of this epoch already consumed
+    last_loss: float = float("nan")
+
+
+class Trainer:
+    """Train ``model_fn()`` on ``dataset_fn()`` with DDP as the config says.
+
+    ``model_fn`` and ``dataset_fn`` may be callables or ``"package.module:function"`` paths; the
+    config's ``model.kwargs`` and ``data.kwargs`` are passed to them.
+    """
+
+    def __init__(self, model_fn: Callable | str | None = None,
+                 dataset_fn: Callable | str | None = None, config: Config | None = None) -> None:
+        self.config = config or Config()
+        self.model_fn = _factory(model_fn or self.config.model.factory, "model")
+        self.dataset_fn = _factory(dataset_fn or self.config.data.factory, "data")
+
+    def fit(self, env: DistEnv | None = None) -> dict:
+        """Run (or resume) training to the end; returns the summary (``stopped`` if cut short)."""
+        env = env or resolve_env()
+        if self.config.dist.backend:
+            env = dataclasses.replace(env, backend=self.config.dist.backend)
+        _check_precision(self.config.train.precision, env.device)
+        with process_group(env, self.config.dist.timeout_s) as device:
+            run_dir = collective.on_rank_zero(lambda: rundir.prepare(self.config), env.rank,
+                                              "prepare the run directory")
+            run_dir = collective.broadcast_object(run_dir)
+            setup_logging(env, run_dir / "logs")
+            return _Run(self, env, device, run_dir).execute()
+
+
+def _factory(spec: Callable | str, what: str) -> Callable:
+    if callable(spec):
+        return spec
+    if not spec:
+        raise ConfigError(f"no {what} factory given. HINT: set {what}.factory: "
+                          "'package.module:function' in the config.")
+    return import_factory(spec, what)
+
+
+def _check_precision(precision: str, device: str) -> None:
+    if precision == "fp16" and not device.startswith("cuda"):
+        raise ConfigError("train.precision=fp16 needs CUDA (GradScaler); this rank runs on "
+                          f"{device}. HINT: use train.precision=bf16 or fp32 on CPU.")
+
+
+class _Run:
+    """One process's side of a training run, built from a Trainer and a resolved env."""
+
+    def __init__(self, trainer: Trainer, env: DistEnv, device: torch.device, run_dir) -> None:
+        cfg = self.cfg = trainer.config
+        self.env, self.device, self.run_dir = env, device, run_dir
+        rng.seed_everything(cfg.run.seed)  # identical initial weights on every rank
+        self.model = trainer.model_fn(**cfg.model.kwargs).to(device)
+        train_set, eval_set = split_datasets(trainer.dataset_fn(**cfg.data.kwargs))
+        self.train_loader = data.make_train_loader(train_set, cfg.data, env, cfg.run.seed)
+        self.eval_loader = eval_set and data.make_eval_loader(eval_set, cfg.data, env)
+        self.steps_per_epoch = math.ceil(len(self.train_loader) / cfg.train.grad_accum_steps)
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"the training set gives rank {env.rank} no batch "
+                              f"(data.batch_size={cfg.data.batch_size}, world size "
+                              f"{env.world_size}). HINT: lower data.batch_size or drop_last.")
+        self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
+        self.ddp = self._wrap(self.model)
+        self.forward = torch.compile(self.ddp) if cfg.train.compile else self.ddp
+        self.loss_fn = getattr(self.model, "compute_loss", default_loss)
+        self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
+        self.scheduler = make_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
+        self.store = CheckpointStore(run_dir, keep_last=cfg.train.keep_checkpoints)
+        self.progress = Progress()
+
+    def _wrap(self, model: torch.nn.Module) -> DDP:
+        d = self.cfg.dist
+        if self.cfg.train.sync_batchnorm and self.env.distributed:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            self.model = model
+        return DDP(model, device_ids=[self.device] if self.device.type == "cuda" else None,
+                   bucket_cap_mb=d.bucket_cap_mb, find_unused_parameters=d.find_unused_parameters,
+                   static_graph=d.static_graph, gradient_as_bucket_view=d.gradient_as_bucket_view)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def execute(self) -> dict:
+        """Resume, train to the end (or an early stop), then summarize."""
+        self._resume()
+        rng.seed_everything(self.cfg.run.seed + self.env.rank) if self.progress.step == 0 else None
+        self.metrics = rundir.MetricsLog(self.run_dir / "metrics.jsonl",
+                                         self.progress.step) if self.env.is_main else None
+        try:
+            stopped = self._train()
+            if stopped:
+                return {"stopped": True, "step": self.progress.step}
+            return self._finish()
+        finally:
+            if self.metrics:
+                self.metrics.close()
+
+    def _train(self) -> bool:
+        """Epochs of accumulation windows; True if stopped early (checkpoint saved)."""
+        t = self.cfg.train
+        while self.progress.step < self.total_steps and self.progress.epoch < t.epochs:
+            data.start_epoch(self.train_loader, self.progress.epoch, self.cfg.run.seed,
+                             skip_batches=self.progress.batch)
+            batches, left = iter(self.train_loader), len(self.train_loader)
+            self._tick = time.perf_counter()
+            while left > 0 and self.progress.step < self.total_steps:
+                window = min(t.grad_accum_steps, left)
+                loss = self._step(batches, window)
+                left -= window
+                self.progress.batch += window
+                self.progress.step += 1
+                if self._after_step(loss, epoch_done=left == 0):
+                    return True
+            self.progress.epoch += 1
+            self.progress.batch = 0
+        return False
+
+    def _step(self, batches, window: int) -> torch.Tensor:
+        """One optimizer step over ``window`` micro-batches; gradients sync on the last only."""
+        total = torch.zeros((), device=self.device)
+        for i in range(window):
+            inputs, targets = (x.to(self.device, non_blocking=True) for x in next(batches))
+            sync = contextlib.nullcontext() if i == window - 1 else self.ddp.no_sync()
+            with sync:
+                with self._autocast():
+                    loss = self.loss_fn(self.forward(inputs), targets) / window
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
+        self._optimizer_step()
+        return total
+
+    def _optimizer_step(self) -> None:
+        clip = self.cfg.optim.grad_clip_norm
+        if self.scaler:
+            if clip:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            if clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _autocast(self):
+        if self.cfg.train.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.cfg.train.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _after_step(self, loss: torch.Tensor, epoch_done: bool) -> bool:
+        """Log, evaluate and checkpoint on schedule; True when the run must stop now."""
+        t, step = self.cfg.train, self.progress.step
+        last = step == self.total_steps
+        if step % t.log_every_steps == 0 or epoch_done or last:
+            self._log_step(loss)
+        if (t.eval_every_steps and step % t.eval_every_steps == 0) or (
+                not t.eval_every_steps and epoch_done) or last:
+            self.evaluate()
+        stop = bool(t.stop_after_steps) and step >= t.stop_after_steps and not last
+        if (t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0) or (
+                not t.checkpoint_every_steps and epoch_done) or last or stop:
+            self.save_checkpoint(epoch_done)
+        if stop:
+            log.info("stopping after step %d as asked (train.stop_after_steps)", step)
+        return stop
+
+    def _log_step(self, loss: torch.Tensor) -> None:
+        """All-reduce the step's loss (a sync point, so only on logging steps) and record it."""
+        if self.env.distributed:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG if self.env.backend == "nccl"
+                            else dist.ReduceOp.SUM)
+            loss = loss if self.env.backend == "nccl" else loss / self.env.world_size
+        self.progress.last_loss = loss.item()
+        now = time.perf_counter()
+        samples = (self.cfg.data.batch_size * self.env.world_size
+                   * self.cfg.train.grad_accum_steps)
+        if self.metrics:
+            lr = self.scheduler.get_last_lr()[0]
+            self.metrics.write(step=self.progress.step, epoch=self.progress.epoch,
+                               loss=self.progress.last_loss, lr=lr,
+                               samples_per_s=round(samples / max(now - self._tick, 1e-9), 1))
+            log.info("step %d/%d epoch %d loss %.4f lr %.3g", self.progress.step,
+                     self.total_steps, self.progress.epoch, self.progress.last_loss, lr)
+        self._tick = now
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> dict | None:
+        """Loss and accuracy over the eval set, each sample on one rank, summed over ranks.
+
+        Runs through the unwrapped module: no DDP hooks, no collectives inside forward.
+        """
+        if self.eval_loader is None:
+            return None
+        self.model.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        for inputs, targets in self.eval_loader:
+            inputs, targets = inputs.to(self.device), targets.to(self.device)
+            with self._autocast():
+                outputs = self.model(inputs)
+            count = targets.numel()
+            sums[0] += self.loss_fn(outputs.float(), targets).double() * count
+            sums[1] += (outputs.argmax(-1) == targets).sum()
+            sums[2] += count
+        self.model.train()
+        if self.env.distributed:
+            dist.all_reduce(sums)
+        loss, correct, count = sums.tolist()
+        result = {"eval_loss": loss / max(count, 1), "eval_accuracy": correct / max(count, 1)}
+        self.last_eval = result
+        if self.metrics:
+            self.metrics.write(step=self.progress.step, epoch=self.progress.epoch, **result)
+            log.info("eval at step %d: loss %.4f accuracy %.4f", self.progress.step,
+                     result["eval_loss"], result["eval_accuracy"])
+        return result
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def save_checkpoint(self, epoch_done: bool = False) -> None:
+        """Every rank contributes its RNG state; rank 0 writes; every rank learns if it failed."""
+        rng_states = collective.all_gather_object(rng.capture())
+        progress = dataclasses.replace(self.progress)
+        if epoch_done:  # the checkpoint resumes at the start of the next epoch
+            progress.epoch, progress.batch = progress.epoch + 1, 0
+        state = {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else {},
+            "progress": dataclasses.asdict(progress), "rng": rng_states,
+            "world_size": self.env.world_size,
+        }
+        path = collective.on_rank_zero(lambda: self.store.save(self.progress.step, state),
+                                       self.env.rank, "save a checkpoint")
+        if path:
+            log.info("saved checkpoint %s", path)
+
+    def _resume(self) -> None:
+        """Load the latest complete checkpoint, if any, exactly as it was saved."""
+        if not self.cfg.run.resume:
+            return
+        found = self.store.load_latest(map_location="cpu")
+        steps = collective.all_gather_object(found[0] if found else None)
+        if len(set(steps)) > 1:
+            raise DistributedError(f"ranks see different latest checkpoints {steps}. HINT: "
+                                   "run.dir must be on a file system every node shares.")
+        if not found:
+            return
+        step, state = found
+        if state["world_size"] != self.env.world_size:
+            raise ConfigError(
+                f"the checkpoint at step {step} in {self.run_dir} was written by "
+                f"{state['world_size']} ranks, this run has {self.env.world_size}; exact resume "
+                "needs the same world size. HINT: relaunch with the original number of tasks, "
+                "or choose a new run.dir.")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress(**state["progress"])
+        rng.restore(state["rng"][self.env.rank])
+        log.info("resumed from step %d (epoch %d, batch %d)", step, self.progress.epoch,
+                 self.progress.batch)
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def _finish(self) -> dict:
+        """Check every rank holds the same weights, then write summary.json (rank 0)."""
+        digest = weights_sha256(self.model)
+        digests = collective.all_gather_object(digest)
+        hosts = collective.all_gather_object(self.env.hostname)
+        if len(set(digests)) > 1:
+            bad = [r for r, d in enumerate(digests) if d != digests[0]]
+            raise DistributedError(f"model weights differ across ranks (ranks {bad} disagree "
+                                   "with rank 0): DDP replicas diverged.")
+        summary = {
+            "world_size": self.env.world_size, "hosts": hosts, "steps": self.progress.step,
+            "epochs": self.progress.epoch, "final_loss": self.progress.last_loss,
+            "weights_sha256": digest, "launcher": self.env.launcher, "job_id": self.env.job_id,
+            **getattr(self, "last_eval", {}),
+        }
+        if self.env.is_main:
+            atomic_write_text(self.run_dir / "summary.json", _json(summary))
+            log.info("finished: %d steps, final loss %.4f, weights %s", summary["steps"],
+                     summary["final_loss"], digest[:12])
+        return summary
+
+
+def _json(data: dict) -> str:
+    import json
+    return json.dumps(data, indent=2) + "\n"
