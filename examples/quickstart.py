@@ -8,11 +8,12 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 
-def make_model(in_features: int = 16, hidden: int = 256, classes: int = 4) -> nn.Module:
+def make_model(in_features: int = 16, hidden: int = 256, classes: int = 4,
+               dropout: float = 0.0) -> nn.Module:
     """A 3-layer MLP classifier (~71k parameters at the defaults)."""
     return nn.Sequential(
         nn.Linear(in_features, hidden), nn.ReLU(),
-        nn.Linear(hidden, hidden), nn.ReLU(),
+        nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout),
         nn.Linear(hidden, classes),
     )
 

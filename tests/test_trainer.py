@@ -1,0 +1,118 @@
+"""The trainer: exact resume across stops, rank-0-only outputs, run-directory safety."""
+
+import json
+
+import pytest
+import torch
+
+from hpcddp import Trainer
+from hpcddp.config import load_config
+from hpcddp.data import default_num_workers
+from hpcddp.environments import resolve_env
+from hpcddp.errors import ConfigError
+from tests.helpers import run_cli, summary
+
+# Small enough to run in seconds; dropout and accumulation make every RNG and counter matter.
+SMALL = ["model.kwargs={dropout: 0.1}", "data.kwargs={train_size: 2048, eval_size: 512}",
+         "data.batch_size=32", "train.epochs=3", "train.grad_accum_steps=2",
+         "train.log_every_steps=5", "optim.warmup_steps=5"]
+CONFIG = "examples/quickstart.yaml"
+
+
+def train_local(run_dir, *extra, nproc=2):
+    result = run_cli("train", CONFIG, f"run.dir={run_dir}", *SMALL, *extra, "--nproc", str(nproc))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+def test_resume_after_stops_is_bitwise_identical(tmp_path):
+    """Stop at an epoch boundary and at two mid-epoch points; the final weights do not move."""
+    train_local(tmp_path / "straight")
+    expected = summary(tmp_path / "straight")
+    assert expected["steps"] == 48  # 2048 samples / 2 ranks / 32 per batch / 2 accumulated * 3
+
+    resumed = tmp_path / "resumed"
+    for stop in (16, 23, 37):  # 16: end of epoch 1; 23 and 37: inside epochs 2 and 3
+        train_local(resumed, f"train.stop_after_steps={stop}")
+        assert not (resumed / "summary.json").exists()
+    train_local(resumed)
+    got = summary(resumed)
+    assert got["weights_sha256"] == expected["weights_sha256"]
+    assert got["final_loss"] == expected["final_loss"]
+    assert got["eval_accuracy"] == expected["eval_accuracy"]
+    steps = [json.loads(line)["step"] for line in (resumed / "metrics.jsonl").read_text()
+             .splitlines() if "loss" in json.loads(line)]
+    assert steps == sorted(steps) and len(steps) == len(set(steps))  # no duplicated lines
+
+
+@pytest.mark.slow
+def test_only_rank_zero_writes_and_every_rank_logs(tmp_path):
+    train_local(tmp_path, "train.epochs=1")
+    names = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    checkpoints = [n for n in names if n.startswith("checkpoints/")]
+    assert set(names) - set(checkpoints) == {
+        "config.yaml", "metrics.jsonl", "summary.json", "logs/rank-0.log", "logs/rank-1.log"}
+    assert checkpoints == ["checkpoints/step-00000016.pt", "checkpoints/step-00000016.pt.sha256"]
+    assert summary(tmp_path)["hosts"] == [summary(tmp_path)["hosts"][0]] * 2
+
+
+def test_single_process_fit_in_python_api(tmp_path):
+    config = load_config(CONFIG, [f"run.dir={tmp_path}", *SMALL, "train.epochs=1"])
+    result = Trainer(config=config).fit(resolve_env({}))
+    assert result["world_size"] == 1 and result["steps"] == 32
+    assert result == summary(tmp_path)
+    assert not torch.distributed.is_initialized()  # the group is always torn down
+
+
+def test_python_api_takes_callables(tmp_path):
+    from examples.quickstart import make_dataset, make_model
+    config = load_config(CONFIG, [f"run.dir={tmp_path}", *SMALL, "train.max_steps=3"])
+    result = Trainer(make_model, make_dataset, config).fit(resolve_env({}))
+    assert result["steps"] == 3
+
+
+def test_different_config_is_not_resumed_into(tmp_path):
+    config = load_config(CONFIG, [f"run.dir={tmp_path}", *SMALL, "train.max_steps=2"])
+    Trainer(config=config).fit(resolve_env({}))
+    changed = load_config(CONFIG, [f"run.dir={tmp_path}", *SMALL, "train.max_steps=2",
+                                   "optim.lr=0.1"])
+    with pytest.raises(ConfigError, match=r"different config \(optim.lr: 0.003 -> 0.1\)"):
+        Trainer(config=changed).fit(resolve_env({}))
+    forced = load_config(CONFIG, [f"run.dir={tmp_path}", *SMALL, "train.max_steps=4",
+                                  "optim.lr=0.1", "run.force=true"])
+    assert Trainer(config=forced).fit(resolve_env({}))["steps"] == 4
+
+
+def test_resume_with_another_world_size_is_refused(tmp_path):
+    config = load_config(CONFIG, [f"run.dir={tmp_path}", *SMALL, "train.max_steps=2"])
+    Trainer(config=config).fit(resolve_env({}))
+    result = run_cli("train", CONFIG, f"run.dir={tmp_path}", *SMALL, "train.max_steps=2",
+                     "--nproc", "2")
+    assert result.returncode == 2
+    assert "written by 1 ranks, this run has 2" in result.stderr
+
+
+def test_fp16_on_cpu_is_refused_before_training(tmp_path):
+    config = load_config(CONFIG, [f"run.dir={tmp_path}", "train.precision=fp16"])
+    with pytest.raises(ConfigError, match="fp16 needs CUDA"):
+        Trainer(config=config).fit(resolve_env({}))
+    assert not tmp_path.joinpath("config.yaml").exists()
+
+
+def test_bf16_autocast_trains_on_cpu(tmp_path):
+    config = load_config(CONFIG, [f"run.dir={tmp_path}", *SMALL, "train.max_steps=3",
+                                  "train.precision=bf16", "optim.grad_clip_norm=1.0"])
+    result = Trainer(config=config).fit(resolve_env({}))
+    assert result["steps"] == 3 and result["final_loss"] == result["final_loss"]  # not NaN
+
+
+@pytest.mark.parametrize("environ, local_world, workers", [
+    ({"SLURM_CPUS_PER_TASK": "8"}, 4, 7),
+    ({"SLURM_CPUS_PER_TASK": "1"}, 1, 0),
+    ({"SRUN_CPUS_PER_TASK": "3"}, 1, 2),
+])
+def test_loader_workers_follow_slurm_cpus(environ, local_world, workers):
+    env = resolve_env({"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": str(local_world)},
+                      cuda_devices=lambda: 0)
+    assert default_num_workers(env, environ) == workers
