@@ -195,6 +195,11 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
     elif kind is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif kind is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value

@@ -1,0 +1,74 @@
+"""Configuration: YAML and overrides onto checked dataclasses, with errors that name the fix."""
+
+import pytest
+import yaml
+
+from hpcddp.config import Config, from_dict, load_config
+from hpcddp.errors import ConfigError
+from tests.helpers import REPO
+
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+
+
+def test_quickstart_loads_and_round_trips_through_yaml():
+    config = load_config(QUICKSTART)
+    assert config.model.factory == "examples.quickstart:make_model"
+    assert from_dict(yaml.safe_load(config.to_yaml())) == config
+
+
+def test_overrides_keep_their_types():
+    config = load_config(QUICKSTART, ["optim.lr=1e-2", "train.epochs=7", "run.name=123",
+                                      "data.drop_last=true", "model.kwargs={hidden: 8}",
+                                      "optim.weight_decay=0"])
+    assert config.optim.lr == 0.01 and isinstance(config.optim.weight_decay, float)
+    assert config.train.epochs == 7 and config.run.name == "123"
+    assert config.data.drop_last is True and config.model.kwargs == {"hidden": 8}
+
+
+def test_defaults_need_no_file():
+    assert load_config(None) == Config()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.lrr=1"], r"unknown key optim.lrr; valid keys: optim.name, optim.lr,"),
+    (["trian.epochs=1"], r"unknown key trian; valid keys: run, model, data"),
+    (["optim.lr=fast"], r"optim.lr must be float, got str 'fast'"),
+    (["train.epochs=1.5"], r"train.epochs must be int, got float 1.5"),
+    (["data.drop_last=3"], r"data.drop_last must be bool, got int 3"),
+    (["train.epochs=0"], r"train.epochs must be > 0, got 0"),
+    (["data.batch_size=-4"], r"data.batch_size must be > 0, got -4"),
+    (["optim.lr=0"], r"optim.lr must be > 0"),
+    (["slurm.nodes=0"], r"slurm.nodes must be > 0"),
+    (["dist.timeout_s=-1"], r"dist.timeout_s must be > 0"),
+    (["train.precision=fp8"], r"train.precision='fp8' is not one of"),
+    (["optim.name=lamb"], r"optim.name='lamb' is not one of"),
+    (["dist.backend=mpi"], r"dist.backend='mpi' is not one of"),
+    (["model.factory=nocolon"], r"must look like 'package.module:function'"),
+    (["lr=0.1"], r"unknown key lr"),
+    (["optim=3"], r"optim must be a mapping"),
+    (["=3"], r"is not of the form section.key=value"),
+    (["optim..lr=3"], r"is not of the form section.key=value"),
+    (["data.num_workers=-2"], r"data.num_workers must be >= 0"),
+])
+def test_bad_values_are_one_line_errors_with_a_hint(overrides, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(QUICKSTART, overrides)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("run: {dir: [unclosed\n", r"not valid YAML at line \d+"),
+    ("- a\n- b\n", r"must be a mapping of sections, got list"),
+    ("run:\n  dir: x\n  dir2: y\n", r"unknown key run.dir2"),
+    ("!!python/object/apply:os.system ['true']\n", r"not valid YAML"),  # safe_load only
+])
+def test_bad_files(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match=r"cannot read config /nonexistent.yaml"):
+        load_config("/nonexistent.yaml")
