@@ -35,7 +35,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         return launch(["train", *([config_path] if config_path else []), *overrides],
                       args.nproc)
     from hpcddp.trainer import Trainer
-    result = Trainer(config=load_config(config_path, overrides)).fit()
+    return exit_code(Trainer(config=load_config(config_path, overrides)).fit())
+
+
+def exit_code(result: dict) -> int:
+    """0 when finished, stopped on request or requeued; distinct codes for the other stops."""
+    from hpcddp import preemption
+    if result.get("reason") == "interrupted":
+        return preemption.EXIT_INTERRUPTED
+    if result.get("reason") == "preempted" and not result.get("requeued"):
+        print(f"hpcddp: stopped at step {result['step']} with a checkpoint but the job was not "
+              "requeued. HINT: re-run the same command to resume.", file=sys.stderr)
+        return preemption.EXIT_STOPPED_NOT_REQUEUED
     return 0
 
 

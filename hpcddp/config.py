@@ -108,12 +108,14 @@ class TrainConfig:
     compile: bool = False
     sync_batchnorm: bool = False
     stop_after_steps: int = 0  # stop early (checkpoint kept) after this many steps, for tests
+    stop_before_end_s: float = 120.0  # checkpoint and requeue this long before the job's end
 
     def __post_init__(self) -> None:
         _positive("train", epochs=self.epochs, grad_accum_steps=self.grad_accum_steps,
                   keep_checkpoints=self.keep_checkpoints, log_every_steps=self.log_every_steps)
         _one_of("train", "precision", self.precision, ("fp32", "bf16", "fp16"))
-        for name in ("max_steps", "eval_every_steps", "checkpoint_every_steps", "stop_after_steps"):
+        for name in ("max_steps", "eval_every_steps", "checkpoint_every_steps", "stop_after_steps",
+                     "stop_before_end_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0. HINT: use 0 to disable.")
 

@@ -43,8 +43,10 @@ def launch(argv: Sequence[str], nproc: int) -> int:
     command = [sys.executable, "-m", "hpcddp", *argv]
     children = [subprocess.Popen(command, env=child_env(r, nproc, port, os.environ))
                 for r in range(nproc)]
+    # Ctrl-C already reaches the children (same process group); forward only what does not.
     previous = {s: signal.signal(s, lambda n, f: _forward(children, n))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+                for s in (signal.SIGTERM, signal.SIGUSR2)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda n, f: None)
     try:
         return _wait(children)
     finally:

@@ -22,6 +22,7 @@ from hpcddp.errors import ConfigError
 # Keys that may change between a run and its resumption without changing what is computed.
 RESUMABLE_CHANGES = {
     ("run", "resume"), ("run", "force"), ("train", "stop_after_steps"),
+    ("train", "stop_before_end_s"),
     ("train", "log_every_steps"), ("data", "num_workers"), ("dist", "timeout_s"),
     ("slurm",),
 }

@@ -7,8 +7,11 @@ accumulation windows, evaluate, checkpoint, and finish with a summary every rank
 
 import contextlib
 import dataclasses
+import faulthandler
 import logging
 import math
+import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hpcddp import collective, data, rng, rundir
+from hpcddp import collective, data, preemption, rng, rundir
 from hpcddp.checkpoint import CheckpointStore, atomic_write_text
 from hpcddp.config import Config
 from hpcddp.distributed import process_group
@@ -138,22 +141,53 @@ class _Run:
     # -- the loop ---------------------------------------------------------------------------
 
     def execute(self) -> dict:
-        """Resume, train to the end (or an early stop), then summarize."""
+        """Resume, train to the end (or a clean stop), then summarize."""
         self._resume()
-        rng.seed_everything(self.cfg.run.seed + self.env.rank) if self.progress.step == 0 else None
+        if self.progress.step == 0:
+            rng.seed_everything(self.cfg.run.seed + self.env.rank)  # own dropout stream per rank
         self.metrics = rundir.MetricsLog(self.run_dir / "metrics.jsonl",
                                          self.progress.step) if self.env.is_main else None
+        self.stop_flag = preemption.StopFlag()
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        if in_main_thread:
+            self.stop_flag.install()
+        self.deadline = self._deadline()
+        self.vote = preemption.StopVote(self.device, self.env.distributed)
         try:
-            stopped = self._train()
-            if stopped:
-                return {"stopped": True, "step": self.progress.step}
-            return self._finish()
+            reason = self._train()
+            self.vote.result()  # drain the last vote so no collective is left in flight
+            return self._stopped(reason) if reason else self._finish()
+        except Exception:
+            with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
+                faulthandler.dump_traceback(log_file)  # every thread's stack, for post-mortems
+            raise
         finally:
+            if in_main_thread:
+                self.stop_flag.uninstall()
             if self.metrics:
                 self.metrics.close()
 
-    def _train(self) -> bool:
-        """Epochs of accumulation windows; True if stopped early (checkpoint saved)."""
+    def _deadline(self) -> float | None:
+        """When to stop on our own, ahead of the job's time limit (rank 0 asks Slurm)."""
+        end = preemption.job_end_time(os.environ) if self.env.is_main else None
+        end = collective.broadcast_object(end)
+        return None if end is None else end - self.cfg.train.stop_before_end_s
+
+    def _stopped(self, reason: int) -> dict:
+        """After the stop checkpoint: requeue a preempted Slurm job (rank 0) and report."""
+        outcome = {"stopped": True, "step": self.progress.step, "reason": {
+            preemption.STOP_REQUESTED: "requested", preemption.STOP_INTERRUPTED: "interrupted",
+            preemption.STOP_PREEMPTED: "preempted"}[reason]}
+        if reason == preemption.STOP_PREEMPTED:
+            requeued = preemption.requeue() if self.env.is_main else None
+            requeued, message = collective.broadcast_object(requeued)
+            outcome["requeued"] = requeued
+            (log.info if requeued else log.error)(
+                "preempted at step %d, checkpoint saved; %s", self.progress.step, message)
+        return outcome
+
+    def _train(self) -> int:
+        """Epochs of accumulation windows; a stop reason if stopped early (checkpoint saved)."""
         t = self.cfg.train
         while self.progress.step < self.total_steps and self.progress.epoch < t.epochs:
             data.start_epoch(self.train_loader, self.progress.epoch, self.cfg.run.seed,
@@ -166,11 +200,12 @@ class _Run:
                 left -= window
                 self.progress.batch += window
                 self.progress.step += 1
-                if self._after_step(loss, epoch_done=left == 0):
-                    return True
+                reason = self._after_step(loss, epoch_done=left == 0)
+                if reason:
+                    return reason
             self.progress.epoch += 1
             self.progress.batch = 0
-        return False
+        return preemption.CARRY_ON
 
     def _step(self, batches, window: int) -> torch.Tensor:
         """One optimizer step over ``window`` micro-batches; gradients sync on the last only."""
@@ -207,22 +242,33 @@ class _Run:
         dtype = torch.bfloat16 if self.cfg.train.precision == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)
 
-    def _after_step(self, loss: torch.Tensor, epoch_done: bool) -> bool:
-        """Log, evaluate and checkpoint on schedule; True when the run must stop now."""
+    def _after_step(self, loss: torch.Tensor, epoch_done: bool) -> int:
+        """Log, evaluate and checkpoint on schedule; a stop reason when the run must stop now."""
         t, step = self.cfg.train, self.progress.step
         last = step == self.total_steps
-        if step % t.log_every_steps == 0 or epoch_done or last:
+        reason = self._stop_reason(last)
+        if step % t.log_every_steps == 0 or epoch_done or last or reason:
             self._log_step(loss)
         if (t.eval_every_steps and step % t.eval_every_steps == 0) or (
                 not t.eval_every_steps and epoch_done) or last:
             self.evaluate()
-        stop = bool(t.stop_after_steps) and step >= t.stop_after_steps and not last
         if (t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0) or (
-                not t.checkpoint_every_steps and epoch_done) or last or stop:
+                not t.checkpoint_every_steps and epoch_done) or last or reason:
             self.save_checkpoint(epoch_done)
-        if stop:
-            log.info("stopping after step %d as asked (train.stop_after_steps)", step)
-        return stop
+        return reason
+
+    def _stop_reason(self, last: bool) -> int:
+        """Read the vote cast after the previous step, then cast this step's (no waiting)."""
+        agreed = self.vote.result()
+        if agreed or last:
+            return preemption.CARRY_ON if last else agreed
+        t = self.cfg.train
+        if t.stop_after_steps and self.progress.step >= t.stop_after_steps:
+            log.info("stopping after step %d as asked (train.stop_after_steps)",
+                     self.progress.step)
+            return preemption.STOP_REQUESTED  # every rank knows this without a vote
+        self.vote.cast(preemption.reason_of(self.stop_flag, self.deadline))
+        return preemption.CARRY_ON
 
     def _log_step(self, loss: torch.Tensor) -> None:
         """All-reduce the step's loss (a sync point, so only on logging steps) and record it."""
