@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="print this process's resolved rank, world and master")
     env.add_argument("--json", action="store_true", help="one JSON object per process")
     env.set_defaults(func=cmd_env)
+
+    from hpcddp import plot
+    plot.add_parser(sub)
     return parser
 
 

@@ -22,9 +22,24 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 300.0  # minutes, not gloo's 30-minute default: a hang should end soon
 
 
-def export_env(env: DistEnv) -> None:
-    """Write the ``env://`` variables for torch and for libraries that read them."""
-    os.environ.update(env.torch_env())
+def export_env(env: DistEnv) -> dict[str, str | None]:
+    """Write the ``env://`` variables for torch and for libraries that read them.
+
+    Returns what they were before, so the process can be put back as it was.
+    """
+    exported = env.torch_env()
+    previous = {name: os.environ.get(name) for name in exported}
+    os.environ.update(exported)
+    return previous
+
+
+def restore_env(previous: dict[str, str | None]) -> None:
+    """Undo `export_env`: a second run in this process must not mistake itself for torchrun."""
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def cpu_threads(env: DistEnv, environ=os.environ) -> int:
@@ -73,16 +88,19 @@ def init_process_group(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> No
 @contextlib.contextmanager
 def process_group(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[torch.device]:
     """Export, bind, join; yield the device; always leave the group, cleanly when possible."""
-    export_env(env)
-    torch.set_num_threads(cpu_threads(env))
-    device = bind_device(env)
-    init_process_group(env, timeout_s)
-    finished = False
+    previous = export_env(env)
     try:
-        yield device
-        finished = True
+        torch.set_num_threads(cpu_threads(env))
+        device = bind_device(env)
+        init_process_group(env, timeout_s)
+        finished = False
+        try:
+            yield device
+            finished = True
+        finally:
+            _leave(finished)
     finally:
-        _leave(finished)
+        restore_env(previous)
 
 
 def _leave(finished: bool) -> None:

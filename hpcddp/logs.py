@@ -29,6 +29,12 @@ def _replace_handlers(logger: logging.Logger, handlers: list[logging.Handler]) -
         logger.addHandler(handler)
 
 
+def teardown_logging() -> None:
+    """Close the handlers `setup_logging` added (files stay complete, nothing leaks)."""
+    _replace_handlers(logging.getLogger("hpcddp"), [])
+    logging.getLogger("hpcddp").propagate = True
+
+
 def setup_logging(env: DistEnv, log_dir: pathlib.Path | None = None) -> None:
     """Console: INFO on rank 0, warnings elsewhere. File: everything from this rank."""
     console = logging.StreamHandler(sys.stderr)

@@ -28,7 +28,7 @@ from hpcddp.distributed import process_group
 from hpcddp.environments import DistEnv, resolve_env
 from hpcddp.errors import ConfigError, DistributedError
 from hpcddp.factories import import_factory
-from hpcddp.logs import setup_logging
+from hpcddp.logs import setup_logging, teardown_logging
 from hpcddp.optim import make_optimizer, make_scheduler
 from hpcddp.weights import weights_sha256
 
@@ -85,7 +85,10 @@ class Trainer:
                                               "prepare the run directory")
             run_dir = collective.broadcast_object(run_dir)
             setup_logging(env, run_dir / "logs")
-            return _Run(self, env, device, run_dir).execute()
+            try:
+                return _Run(self, env, device, run_dir).execute()
+            finally:
+                teardown_logging()
 
 
 def _factory(spec: Callable | str, what: str) -> Callable:
@@ -193,7 +196,7 @@ class _Run:
             data.start_epoch(self.train_loader, self.progress.epoch, self.cfg.run.seed,
                              skip_batches=self.progress.batch)
             batches, left = iter(self.train_loader), len(self.train_loader)
-            self._tick = time.perf_counter()
+            self._tick, self._tick_step = time.perf_counter(), self.progress.step
             while left > 0 and self.progress.step < self.total_steps:
                 window = min(t.grad_accum_steps, left)
                 loss = self._step(batches, window)
@@ -278,7 +281,8 @@ class _Run:
             loss = loss if self.env.backend == "nccl" else loss / self.env.world_size
         self.progress.last_loss = loss.item()
         now = time.perf_counter()
-        samples = (self.cfg.data.batch_size * self.env.world_size
+        steps = self.progress.step - self._tick_step
+        samples = (steps * self.cfg.data.batch_size * self.env.world_size
                    * self.cfg.train.grad_accum_steps)
         if self.metrics:
             lr = self.scheduler.get_last_lr()[0]
@@ -287,7 +291,7 @@ class _Run:
                                samples_per_s=round(samples / max(now - self._tick, 1e-9), 1))
             log.info("step %d/%d epoch %d loss %.4f lr %.3g", self.progress.step,
                      self.total_steps, self.progress.epoch, self.progress.last_loss, lr)
-        self._tick = now
+        self._tick, self._tick_step = now, self.progress.step
 
     # -- evaluation ------------------------------------------------------------------------
 
