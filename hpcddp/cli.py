@@ -81,14 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--json", action="store_true", help="one JSON object per process")
     env.set_defaults(func=cmd_env)
 
-    from hpcddp import plot
+    from hpcddp import jobscript, plot
+    jobscript.add_parser(sub)
     plot.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hpcddp`` console script and ``python -m hpcddp``."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "items") and all("=" in x and not x.startswith("-") for x in extra):
+        args.items += extra  # key=value overrides may follow options
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "nproc", 0) < 0:
         print("hpcddp: error: --nproc must be >= 1", file=sys.stderr)
         return 2

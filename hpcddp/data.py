@@ -59,7 +59,9 @@ def default_num_workers(env: DistEnv, environ: Mapping[str, str] | None = None) 
     environ = os.environ if environ is None else environ
     cpus = environ.get("SLURM_CPUS_PER_TASK") or environ.get("SRUN_CPUS_PER_TASK")
     if cpus and cpus.isdigit():
-        return max(int(cpus) - 1, 0)
+        # torchrun runs all of a node's ranks inside one Slurm task: they share its CPUs
+        shared_by = env.local_world_size if env.launcher == "torchrun" else 1
+        return max(int(cpus) // shared_by - 1, 0)
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     return max(cores // max(env.local_world_size, 1) - 1, 0)
 

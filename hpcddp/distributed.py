@@ -9,6 +9,7 @@ import contextlib
 import datetime
 import logging
 import os
+import time
 from collections.abc import Iterator
 
 import torch
@@ -48,10 +49,13 @@ def cpu_threads(env: DistEnv, environ=os.environ) -> int:
     torch defaults to every core in every process; K ranks on one node then fight over the
     cores and a 2-process run can be 10x slower than one process.
     """
-    for name in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK"):
+    if environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(int(environ["OMP_NUM_THREADS"]), 1)
+    for name in ("SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK"):
         value = environ.get(name, "")
         if value.isdigit() and int(value) > 0:
-            return int(value)
+            shared_by = env.local_world_size if env.launcher == "torchrun" else 1
+            return max(int(value) // shared_by, 1)
     return max((os.cpu_count() or 1) // max(env.local_world_size, 1), 1)
 
 
@@ -103,10 +107,25 @@ def process_group(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterato
         restore_env(previous)
 
 
-def _leave(finished: bool) -> None:
-    """Leave together after success so no rank tears the store down under a peer."""
+def _leave(finished: bool, timeout_s: float = 60.0) -> None:
+    """Leave together after success; rank 0, which serves the store, leaves last.
+
+    If rank 0 exits while a peer is still inside destroy_process_group, that peer loses the
+    store under its feet and can abort ("terminate called without an active exception"), so
+    a finished job would end with a failed rank.
+    """
     if not dist.is_initialized():
         return
-    if finished and dist.get_world_size() > 1:
-        dist.barrier()
+    if not finished or dist.get_world_size() == 1:
+        dist.destroy_process_group()
+        return
+    dist.barrier()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()  # keeps rank 0's server alive below
     dist.destroy_process_group()
+    if rank != 0:
+        store.add("hpcddp/left", 1)
+        return
+    deadline = time.monotonic() + timeout_s
+    while store.add("hpcddp/left", 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
