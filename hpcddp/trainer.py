@@ -85,6 +85,10 @@ class Trainer:
                                               "prepare the run directory")
             run_dir = collective.broadcast_object(run_dir)
             setup_logging(env, run_dir / "logs")
+            log.info("local rank %d, node %d/%d, device %s, backend %s, master %s:%d, "
+                     "launcher %s, job %s", env.local_rank, env.node_rank, env.num_nodes,
+                     env.device, env.backend, env.master_addr, env.master_port, env.launcher,
+                     env.job_id or "-")
             try:
                 return _Run(self, env, device, run_dir).execute()
             finally:
