@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from hpcddp.download import download
+import hpcddp
 from hpcddp.errors import ConfigError
 
 # --- the model --------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ def make_dataset(url: str, sha256: str | None, root: str = "data", block_size: i
     if not name:
         raise ConfigError(f"data.kwargs.url={url!r} names no file. "
                           "HINT: point it at the corpus file itself, e.g. .../tiny-corpus.txt")
-    path = download(url, pathlib.Path(root) / name, sha256=sha256)  # one rank fetches
+    path = hpcddp.download(url, pathlib.Path(root) / name, sha256=sha256)  # one rank fetches
     text = path.read_text(encoding="utf-8")
     vocab = "".join(sorted(set(text)))
     if len(vocab) > vocab_size:

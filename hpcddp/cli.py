@@ -43,6 +43,8 @@ def exit_code(result: dict) -> int:
     from hpcddp import preemption
     if result.get("reason") == "interrupted":
         return preemption.EXIT_INTERRUPTED
+    if result.get("reason") == "terminated":
+        return preemption.EXIT_TERMINATED
     if result.get("reason") == "preempted" and not result.get("requeued"):
         print(f"hpcddp: stopped at step {result['step']} with a checkpoint but the job was not "
               "requeued. HINT: re-run the same command to resume.", file=sys.stderr)

@@ -80,8 +80,9 @@ def make_train_loader(dataset: Dataset, cfg: DataConfig, env: DistEnv, seed: int
 
 def make_eval_loader(dataset: Dataset, cfg: DataConfig, env: DistEnv) -> DataLoader:
     """The evaluation loader: each sample on exactly one rank, no shuffling, no workers kept."""
+    # its own generator: creating an iterator must not draw from the global RNG
     return DataLoader(dataset, batch_size=cfg.batch_size, sampler=EvalShard(dataset, env),
-                      pin_memory=env.device.startswith("cuda"))
+                      pin_memory=env.device.startswith("cuda"), generator=torch.Generator())
 
 
 def start_epoch(loader: DataLoader, epoch: int, seed: int, skip_batches: int = 0) -> None:

@@ -88,16 +88,22 @@ class StopVote:
         return int(self._flag.item())
 
 
-# Vote values, highest wins: a preemption outranks a requested stop.
-CARRY_ON, STOP_REQUESTED, STOP_INTERRUPTED, STOP_PREEMPTED = 0, 1, 2, 3
+# Vote values, highest wins. Only a preemption (USR2, the time limit) requeues: SIGTERM is
+# also what `scancel` sends, and a cancelled job must stay cancelled.
+CARRY_ON, STOP_REQUESTED, STOP_INTERRUPTED, STOP_TERMINATED, STOP_PREEMPTED = 0, 1, 2, 3, 4
+EXIT_TERMINATED = 143
+REASON_NAMES = {STOP_REQUESTED: "requested", STOP_INTERRUPTED: "interrupted",
+                STOP_TERMINATED: "terminated", STOP_PREEMPTED: "preempted"}
 
 
 def reason_of(flag: StopFlag, deadline: float | None) -> int:
     """This rank's vote from its signals and the job's time limit."""
+    if flag.signum == signal.SIGUSR2 or (deadline is not None and time.time() >= deadline):
+        return STOP_PREEMPTED
+    if flag.signum == signal.SIGTERM:
+        return STOP_TERMINATED
     if flag.signum == signal.SIGINT:
         return STOP_INTERRUPTED
-    if flag.signum is not None or (deadline is not None and time.time() >= deadline):
-        return STOP_PREEMPTED
     return CARRY_ON
 
 

@@ -8,6 +8,7 @@ accumulation windows, evaluate, checkpoint, and finish with a summary every rank
 import contextlib
 import dataclasses
 import faulthandler
+import gc
 import logging
 import math
 import os
@@ -93,6 +94,7 @@ class Trainer:
                 return _Run(self, env, device, run_dir).execute()
             finally:
                 teardown_logging()
+                gc.collect()  # DDP must not outlive its process group (aborts at exit)
 
 
 def _factory(spec: Callable | str, what: str) -> Callable:
@@ -145,11 +147,33 @@ class _Run:
                    bucket_cap_mb=d.bucket_cap_mb, find_unused_parameters=d.find_unused_parameters,
                    static_graph=d.static_graph, gradient_as_bucket_view=d.gradient_as_bucket_view)
 
+    def _settle_buckets(self) -> None:
+        """One synchronized backward of a zero loss before training, changing nothing.
+
+        DDP lays out its gradient buckets once, then rebuilds them in the order gradients
+        became ready during the first synchronized backward. With more than two ranks the
+        all-reduce adds in an order that depends on that layout, so a resumed run (whose first
+        step uses the initial layout) would drift from an uninterrupted one in the last bits.
+        Settling the layout here makes every step of every run use the rebuilt one. Eval mode:
+        no dropout draw, no batch-norm statistics update.
+        """
+        dataset = self.train_loader.dataset
+        batch = torch.utils.data.default_collate(
+            [dataset[i] for i in range(min(self.cfg.data.batch_size, len(dataset)))])
+        inputs = batch[0].to(self.device)
+        self.model.eval()
+        with self._autocast():
+            outputs = self.forward(inputs)
+        (outputs.float().sum() * 0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+
     # -- the loop ---------------------------------------------------------------------------
 
     def execute(self) -> dict:
         """Resume, train to the end (or a clean stop), then summarize."""
         self._resume()
+        self._settle_buckets()
         if self.progress.step == 0:
             rng.seed_everything(self.cfg.run.seed + self.env.rank)  # own dropout stream per rank
         self.metrics = rundir.MetricsLog(self.run_dir / "metrics.jsonl",
@@ -182,9 +206,8 @@ class _Run:
 
     def _stopped(self, reason: int) -> dict:
         """After the stop checkpoint: requeue a preempted Slurm job (rank 0) and report."""
-        outcome = {"stopped": True, "step": self.progress.step, "reason": {
-            preemption.STOP_REQUESTED: "requested", preemption.STOP_INTERRUPTED: "interrupted",
-            preemption.STOP_PREEMPTED: "preempted"}[reason]}
+        outcome = {"stopped": True, "step": self.progress.step,
+                   "reason": preemption.REASON_NAMES[reason]}
         if reason == preemption.STOP_PREEMPTED:
             requeued = preemption.requeue() if self.env.is_main else None
             requeued, message = collective.broadcast_object(requeued)
