@@ -81,6 +81,12 @@ def init_process_group(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> No
         dist.init_process_group(env.backend, init_method="env://", rank=env.rank,
                                 world_size=env.world_size, timeout=timeout, device_id=device_id)
     except Exception as err:  # torch raises several unrelated types here
+        if "EADDRINUSE" in str(err) or "address already in use" in str(err).lower():
+            raise DistributedError(
+                f"MASTER_PORT {env.master_port} on {env.hostname} is already in use by another "
+                "process, so rank 0 cannot serve the rendezvous there. HINT: export "
+                "MASTER_PORT=<a free port in 20000-32767> (`ss -ltn` lists the ports in use), or "
+                "let hpcddp derive one by unsetting MASTER_PORT.") from err
         raise DistributedError(
             f"rank {env.rank} on {env.hostname} could not join the process group at "
             f"{env.master_addr}:{env.master_port} within {timeout_s:.0f} s: {err}. HINT: check "

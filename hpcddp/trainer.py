@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hpcddp import collective, data, preemption, rng, rundir
+from hpcddp import collective, data, failures, preemption, rng, rundir
 from hpcddp.checkpoint import CheckpointStore, atomic_write_text
 from hpcddp.config import Config
 from hpcddp.distributed import process_group
@@ -188,10 +188,13 @@ class _Run:
             reason = self._train()
             self.vote.result()  # drain the last vote so no collective is left in flight
             return self._stopped(reason) if reason else self._finish()
-        except Exception:
+        except Exception as err:
             with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
                 faulthandler.dump_traceback(log_file)  # every thread's stack, for post-mortems
-            raise
+            explained = failures.explain(err, self.env, self.cfg.dist.timeout_s)
+            if explained is err:
+                raise
+            raise explained from err
         finally:
             if in_main_thread:
                 self.stop_flag.uninstall()
