@@ -6,6 +6,7 @@ of valid keys instead of an hour into the job.
 """
 
 import dataclasses
+import difflib
 import pathlib
 import typing
 from typing import Any
@@ -229,8 +230,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - set(types_))
     if unknown:
         prefix = f"{where}." if where else ""
+        close = difflib.get_close_matches(unknown[0], list(types_), n=1)
+        hint = f"did you mean {prefix}{close[0]}?" if close else "check the spelling."
         raise ConfigError(f"unknown key {prefix}{unknown[0]}; valid keys: "
-                          f"{', '.join(prefix + k for k in types_)}.")
+                          f"{', '.join(prefix + k for k in types_)}. HINT: {hint}")
     values = {}
     for key, value in data.items():
         kind, path = types_[key], f"{where}.{key}" if where else key

@@ -236,8 +236,9 @@ class _Run:
                 reason = self._after_step(loss, epoch_done=left == 0)
                 if reason:
                     return reason
-            self.progress.epoch += 1
-            self.progress.batch = 0
+            if left == 0:  # not when max_steps ended the run inside the epoch
+                self.progress.epoch += 1
+                self.progress.batch = 0
         return preemption.CARRY_ON
 
     def _step(self, batches, window: int) -> torch.Tensor:
@@ -326,7 +327,7 @@ class _Run:
     # -- evaluation ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def evaluate(self) -> dict | None:
+    def evaluate(self, record: bool = True) -> dict | None:
         """Loss and accuracy over the eval set, each sample on one rank, summed over ranks.
 
         Runs through the unwrapped module: no DDP hooks, no collectives inside forward.
@@ -349,7 +350,7 @@ class _Run:
         loss, correct, count = sums.tolist()
         result = {"eval_loss": loss / max(count, 1), "eval_accuracy": correct / max(count, 1)}
         self.last_eval = result
-        if self.metrics:
+        if self.metrics and record:
             self.metrics.write(step=self.progress.step, epoch=self.progress.epoch, **result)
             log.info("eval at step %d: loss %.4f accuracy %.4f", self.progress.step,
                      result["eval_loss"], result["eval_accuracy"])
@@ -407,6 +408,8 @@ class _Run:
 
     def _finish(self) -> dict:
         """Check every rank holds the same weights, then write summary.json (rank 0)."""
+        if not hasattr(self, "last_eval") and self.eval_loader is not None:
+            self.evaluate(record=False)  # re-run of a finished run: same weights, same metrics
         digest = weights_sha256(self.model)
         digests = collective.all_gather_object(digest)
         hosts = collective.all_gather_object(self.env.hostname)
@@ -416,7 +419,8 @@ class _Run:
                                    "with rank 0): DDP replicas diverged.")
         summary = {
             "world_size": self.env.world_size, "hosts": hosts, "steps": self.progress.step,
-            "epochs": self.progress.epoch, "final_loss": self.progress.last_loss,
+            "epochs": self.progress.epoch + (self.progress.batch > 0),
+            "final_loss": self.progress.last_loss,
             "weights_sha256": digest, "launcher": self.env.launcher, "job_id": self.env.job_id,
             **getattr(self, "last_eval", {}),
         }
