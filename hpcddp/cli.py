@@ -83,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--json", action="store_true", help="one JSON object per process")
     env.set_defaults(func=cmd_env)
 
-    from hpcddp import jobscript, plot
+    from hpcddp import jobs, jobscript, plot
     jobscript.add_parser(sub)
+    jobs.add_parsers(sub)  # submit, status, logs
     plot.add_parser(sub)
     return parser
 

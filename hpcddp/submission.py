@@ -203,9 +203,10 @@ def choose_cluster(cluster: str | None = None, which: Callable = shutil.which,
         answered, seen = False, [str(err)]
     if answered:
         return "slurm"
-    log.warning("sbatch is on PATH but no Slurm controller answered `scontrol ping` (%s); "
-                "running on this machine. Pass cluster='slurm' to insist on Slurm.", seen[0])
-    return "local"
+    # Training on a login node by accident is worse than an error that says what to do.
+    raise LaunchError(f"sbatch is on PATH but no Slurm controller answered `scontrol ping` "
+                      f"({seen[0]}). HINT: check SLURM_CONF and the controller, or pass "
+                      "cluster='local' (--cluster local) to run on this machine on purpose.")
 
 
 def _executor(config: Config, cluster: str, **extra: Any):

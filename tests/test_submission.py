@@ -147,8 +147,9 @@ def test_cluster_choice():
     assert submission.choose_cluster(None, no_sbatch, up) == "local"
     assert up.calls == []  # no Slurm client is run when sbatch is absent
     assert submission.choose_cluster(None, has_sbatch, up) == "slurm"
-    assert submission.choose_cluster(None, has_sbatch, down) == "local"
-    assert submission.choose_cluster(None, has_sbatch, hung) == "local"
+    for unanswered in (down, hung):  # never train on a login node by accident
+        with pytest.raises(LaunchError, match="no Slurm controller answered.*cluster='local'"):
+            submission.choose_cluster(None, has_sbatch, unanswered)
     assert submission.choose_cluster("local", has_sbatch, up) == "local"
     with pytest.raises(ConfigError, match="not one of"):
         submission.choose_cluster("kubernetes")
