@@ -182,9 +182,10 @@ def _check_extra(extra: Mapping[str, Any]) -> None:
 # -- where the job runs -----------------------------------------------------------------------
 
 
-def choose_cluster(cluster: str | None = None, which: Callable = shutil.which,
-                   run: Callable = subprocess.run) -> str:
+def choose_cluster(cluster: str | None = None, which: Callable | None = None,
+                   run: Callable | None = None) -> str:
     """``cluster`` if given, else Slurm when ``sbatch`` exists and a controller answers."""
+    which, run = which or shutil.which, run or subprocess.run
     if cluster is not None:
         if cluster not in CLUSTERS:
             raise ConfigError(f"cluster={cluster!r} is not one of {list(CLUSTERS)}. "
