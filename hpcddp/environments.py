@@ -34,9 +34,10 @@ class DistEnv:
     master_port: int
     launcher: str
     job_id: str
-    hostname: str
-    device: str
-    backend: str
+    # chosen after the launch context has placed the process (see `resolve_env`)
+    hostname: str = ""
+    device: str = "cpu"
+    backend: str = "gloo"
 
     @property
     def is_main(self) -> bool:
@@ -64,22 +65,6 @@ class DistEnv:
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
         }
-
-
-@dataclasses.dataclass(frozen=True)
-class _Placement:
-    """The launcher-specific part of a DistEnv, before device and backend are chosen."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    node_rank: int
-    num_nodes: int
-    master_addr: str
-    master_port: int
-    launcher: str
-    job_id: str
 
 
 def _int(environ: Mapping[str, str], name: str, context: str) -> int:
@@ -130,7 +115,7 @@ class TorchrunContext:
         )
 
     @staticmethod
-    def resolve(environ: Mapping[str, str]) -> _Placement:
+    def resolve(environ: Mapping[str, str]) -> DistEnv:
         """Read torchrun's variables as they are; it already agreed on them."""
         rank = _int(environ, "RANK", "torchrun")
         world_size = _int(environ, "WORLD_SIZE", "torchrun")
@@ -143,7 +128,7 @@ class TorchrunContext:
                 f"{rank} and WORLD_SIZE={world_size}. HINT: {_HINTS['torchrun']}"
             )
         node_rank = int(environ.get("GROUP_RANK", rank // max(local_world, 1)))
-        return _Placement(
+        return DistEnv(
             rank=rank, local_rank=local_rank, world_size=world_size,
             local_world_size=local_world, node_rank=node_rank,
             num_nodes=-(-world_size // max(local_world, 1)), master_addr=addr,
@@ -163,7 +148,7 @@ class SlurmStepContext:
         return "SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ
 
     @staticmethod
-    def resolve(environ: Mapping[str, str]) -> _Placement:
+    def resolve(environ: Mapping[str, str]) -> DistEnv:
         """Read the step's geometry and check that it describes one consistent world."""
         rank = _int(environ, "SLURM_PROCID", "slurm")
         world_size = _int(environ, "SLURM_STEP_NUM_TASKS", "slurm")
@@ -177,7 +162,7 @@ class SlurmStepContext:
         if port is None:
             port = derive_port(job_id, environ.get("SLURM_STEP_ID", "0"),
                                environ.get("SLURM_ARRAY_TASK_ID", ""))
-        return _Placement(
+        return DistEnv(
             rank=rank, local_rank=local_rank, world_size=world_size,
             local_world_size=per_node[node_rank], node_rank=node_rank,
             num_nodes=len(nodes), master_addr=addr or nodes[0], master_port=port,
@@ -244,14 +229,14 @@ class LocalContext:
         return any(table["rank"] in environ for table in cls.TABLES)
 
     @classmethod
-    def resolve(cls, environ: Mapping[str, str]) -> _Placement:
+    def resolve(cls, environ: Mapping[str, str]) -> DistEnv:
         """All processes share this host, so the loopback address is a fact, not a guess."""
         table = next(t for t in cls.TABLES if t["rank"] in environ)
         rank = _int(environ, table["rank"], "local")
         world = _int(environ, table["world"], "local")
         job_id = environ.get(table["job"], "")
         addr, port = _explicit_master(environ, "local")
-        return _Placement(
+        return DistEnv(
             rank=rank, local_rank=rank, world_size=world, local_world_size=world,
             node_rank=0, num_nodes=1, master_addr=addr or "127.0.0.1",
             master_port=port or derive_port(job_id or "local"), launcher="local",
@@ -270,7 +255,7 @@ class SingleContext:
         return True
 
     @staticmethod
-    def resolve(environ: Mapping[str, str]) -> _Placement:
+    def resolve(environ: Mapping[str, str]) -> DistEnv:
         """Refuse to pretend a many-task batch or salloc shell is one rank of one."""
         ntasks = environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS") or "1"
         if ntasks != "1":
@@ -280,7 +265,7 @@ class SingleContext:
                 f"of the job's ranks. HINT: {_HINTS['slurm']}")
         addr, port = _explicit_master(environ, "single")
         job_id = environ.get("SLURM_JOB_ID", "")
-        return _Placement(
+        return DistEnv(
             rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
             num_nodes=1, master_addr=addr or "127.0.0.1",
             master_port=port or derive_port(job_id or "single"), launcher="single",
@@ -313,7 +298,7 @@ def choose_device(local_rank: int, visible: int) -> str:
     return "cuda:0" if visible == 1 else f"cuda:{local_rank % visible}"
 
 
-def _check_placement(p: _Placement) -> None:
+def _check_placement(p: DistEnv) -> None:
     """Refuse inconsistent numbers here rather than hang in init_process_group."""
     problems = []
     if p.world_size < 1:
@@ -347,5 +332,5 @@ def resolve_env(
     if backend not in BACKENDS:
         raise LaunchError(f"HPCDDP_BACKEND={backend!r} is not one of {BACKENDS}. "
                           "HINT: unset it to choose automatically.")
-    return DistEnv(**dataclasses.asdict(placement), hostname=hostname or socket.gethostname(),
-                   device=device, backend=backend)
+    return dataclasses.replace(placement, hostname=hostname or socket.gethostname(),
+                               device=device, backend=backend)
