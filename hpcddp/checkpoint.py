@@ -11,11 +11,12 @@ resume ignores (temp files, a sidecar without its ``.pt``, a ``.pt`` without a s
 next save removes. When a step is saved again, the sidecar lists the old and the new digest
 until the rename is done, so the old payload stays verifiable throughout.
 
-Why ``torch.save`` writes into our own sink rather than a path: the sink hashes exactly the
-bytes that reach the disk while they stream past (no second copy of the model in memory), merges
-torch's many tiny writes into large ones, and keeps the real ``OSError(ENOSPC)``; torch itself
-reports a full disk only as ``RuntimeError: [enforce fail at inline_container.cc:672] . unexpected
-pos N vs M``, with no errno.
+Why ``torch.save`` writes into ``atomic.HashingSink`` rather than a path: the sink hashes the
+bytes while they stream to disk (no second copy of the model in memory) and keeps the real
+``OSError(ENOSPC)``; torch itself reports a full disk only as ``RuntimeError: [enforce fail at
+inline_container.cc:672] . unexpected pos N vs M``, with no errno. The generic durable-write
+machinery (temp files, fsyncs, renames) lives in ``hpcddp.atomic``; this module decides names,
+sidecars, ordering, pruning and what resume may load.
 """
 
 from __future__ import annotations
@@ -28,127 +29,19 @@ import os
 import pathlib
 import re
 import shutil
-import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
 
+from hpcddp import atomic
 from hpcddp.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-_NAME_RE = re.compile(r"^step-(\d{8,})\.pt$")
-# Temp files of atomic writes: ".<final name>.tmp-<host>-<pid>". The leading dot keeps them
-# from ever matching _NAME_RE.
-_TEMP_RE = re.compile(r"^\.(?P<final>.+)\.tmp-(?P<host>.+)-(?P<pid>\d+)$")
+_NAME_RE = re.compile(r"^step-(\d{8,})\.pt$")  # Temp files start with a dot: never a match.
 _SIDECAR_SUFFIX = ".sha256"
-_WRITE_CHUNK_BYTES = 64 << 20  # Bounded single write() calls; large enough to stay fast.
-_SMALL_PIECE_BYTES = 64 << 10  # torch.save emits ~5 tiny writes per tensor; these get merged...
-_MERGED_WRITE_BYTES = 4 << 20  # ...into writes of about this size.
-_FOREIGN_TEMP_MAX_AGE_S = 3600.0  # A temp from another host this old belongs to a dead job.
 _DISK_FULL_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}
-
-
-# ---------------------------------------------------------------------------------------------
-# Atomic file writes (also used by the trainer for summary.json and config files)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so readers see the old or the new file, never a mix.
-
-    Raises ``OSError`` (the temp file is removed first); callers turn it into their own error.
-    """
-    path = pathlib.Path(path)
-    tmp = _write_temp(path, data)
-    try:
-        _commit(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """``atomic_write_bytes`` for UTF-8 text."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _temp_name(path: pathlib.Path) -> pathlib.Path:
-    """Temp sibling of ``path``; host and pid let a later save tell whether its writer is dead."""
-    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-
-
-def _open_temp(path: pathlib.Path) -> tuple[pathlib.Path, int]:
-    """Create a fresh temp sibling of ``path``; return it and a write descriptor."""
-    tmp = _temp_name(path)
-    _unlink_quietly(tmp)  # Left by an earlier attempt of this very process.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    return tmp, os.open(tmp, flags, 0o666)
-
-
-def _write_temp(path: pathlib.Path, data: bytes | memoryview, fsync: bool = True) -> pathlib.Path:
-    """Write ``data`` to a temp file next to ``path`` (fsynced unless told); return its path."""
-    tmp, fd = _open_temp(path)
-    try:
-        _write_all(fd, memoryview(data).cast("B"))
-        if fsync:
-            os.fsync(fd)  # Data must be on disk before the rename makes it visible.
-    except BaseException:
-        os.close(fd)
-        _unlink_quietly(tmp)
-        raise
-    os.close(fd)
-    return tmp
-
-
-def _fsync_file(path: pathlib.Path) -> None:
-    """fsync an already written file by name (Linux flushes the inode whatever the fd mode)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    """Write every byte; ``os.write`` may write less than asked (signals, network filesystems)."""
-    offset = 0
-    while offset < len(view):
-        offset += os.write(fd, view[offset : offset + _WRITE_CHUNK_BYTES])
-
-
-def _commit(tmp: pathlib.Path, path: pathlib.Path) -> None:
-    """Rename ``tmp`` over ``path`` and make the rename itself durable."""
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: pathlib.Path) -> None:
-    """Persist directory entries; some filesystems refuse fsync on directories, which is fine."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-        log.debug("fsync of directory %s not supported: %s", directory, exc)
-    finally:
-        os.close(fd)
-
-
-def _unlink_quietly(path: pathlib.Path) -> None:
-    """Remove ``path`` if it exists; cleanup must not mask the error that triggered it."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("could not remove %s: %s", path, exc)
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoint store
 
 
 class CheckpointStore:
@@ -173,10 +66,6 @@ class CheckpointStore:
     def path_for(self, step: int) -> pathlib.Path:
         """Final path of the checkpoint for ``step``."""
         return self.directory / f"step-{step:08d}.pt"
-
-    @staticmethod
-    def _sidecar(path: pathlib.Path) -> pathlib.Path:
-        return path.with_name(path.name + _SIDECAR_SUFFIX)
 
     # -- listing --------------------------------------------------------------------------------
 
@@ -247,26 +136,26 @@ class CheckpointStore:
         in one journal commit; one directory fsync then covers both renames, which journaling
         filesystems persist in order. Returns the payload size in bytes.
         """
-        sidecar = self._sidecar(path)
-        tmp, digest, nbytes = _save_to_temp(path, step, state)
+        sidecar = _sidecar(path)
+        tmp, digest, nbytes = atomic.stream_to_temp(path, lambda f: _torch_save(step, state, f))
         temps = [tmp]
         try:
-            digests = list(dict.fromkeys([*_old_digests(path, sidecar), digest]))
-            temps.append(_write_temp(sidecar, _sidecar_text(path, digests), fsync=False))
-            _fsync_file(tmp)
-            _fsync_file(temps[1])
+            digests = list(dict.fromkeys([*_old_digests(path), digest]))
+            temps.append(atomic.write_temp(sidecar, _sidecar_text(path, digests), fsync=False))
+            for temp in temps:
+                atomic.fsync_file(temp)
             os.replace(temps[1], sidecar)
             if len(digests) > 1:  # Replacing a step: its old payload must stay verifiable.
-                _fsync_dir(self.directory)
-            _commit(tmp, path)
+                atomic.fsync_dir(self.directory)
+            atomic.commit(tmp, path)
         except BaseException:
             for temp in temps:
-                _unlink_quietly(temp)
+                atomic.unlink_quietly(temp)
             if not path.exists():
-                _unlink_quietly(sidecar)
+                atomic.unlink_quietly(sidecar)
             raise
         if len(digests) > 1:  # Old payload is gone; keep only the digest that matches now.
-            atomic_write_bytes(sidecar, _sidecar_text(path, [digest]))
+            atomic.atomic_write_bytes(sidecar, _sidecar_text(path, [digest]))
         return nbytes
 
     def _write_error(self, step: int, exc: OSError, tensor_bytes: int) -> CheckpointError:
@@ -293,18 +182,18 @@ class CheckpointStore:
         for step, path in complete:
             if step in keep:
                 continue
-            _unlink_quietly(path)  # Payload first: a lone sidecar is ignored, a lone .pt is not.
-            _unlink_quietly(self._sidecar(path))
+            # Payload first: a lone sidecar is ignored, a lone .pt is not.
+            atomic.unlink_quietly(path)
+            atomic.unlink_quietly(_sidecar(path))
             log.debug("pruned checkpoint %s", path)
 
     def _remove_debris(self) -> None:
         """Delete what interrupted saves left behind; none of it is ever loaded anyway."""
-        host = socket.gethostname()
         for name in os.listdir(self.directory):
             path = self.directory / name
-            if _is_debris(path, host):
+            if _is_debris(path):
                 log.info("removing %s, left behind by an interrupted save", path)
-                _unlink_quietly(path)
+                atomic.unlink_quietly(path)
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -331,11 +220,11 @@ class CheckpointStore:
     def load(self, path: str | os.PathLike, map_location="cpu") -> dict:
         """Verify ``path`` against its sidecar and load it with ``weights_only=True``."""
         path = pathlib.Path(path)
-        data = _read_verified(path, self._sidecar(path))
+        data = _read_verified(path)
         try:
             state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
         except Exception as exc:  # Unpickling errors come in many types; all mean "unusable".
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CheckpointError(
                 f"checkpoint {path} cannot be loaded safely ({type(exc).__name__}: {reason}); "
                 "expected tensors and plain Python values only. HINT: it may be corrupt or "
@@ -361,20 +250,9 @@ def _check_step(step: int) -> None:
         )
 
 
-def _save_to_temp(path: pathlib.Path, step: int, state: dict) -> tuple[pathlib.Path, str, int]:
-    """``torch.save`` straight into a temp file (not yet fsynced); returns (temp, sha256, size)."""
-    tmp, fd = _open_temp(path)
-    try:
-        with ThreadPoolExecutor(1, thread_name_prefix="hpcddp-ckpt-sha256") as pool:
-            sink = _HashingSink(fd, pool)
-            _torch_save(step, state, sink)
-            digest = sink.finish()
-    except BaseException:
-        os.close(fd)
-        _unlink_quietly(tmp)
-        raise
-    os.close(fd)
-    return tmp, digest, sink.nbytes
+def _sidecar(path: pathlib.Path) -> pathlib.Path:
+    """The integrity record that belongs to checkpoint ``path``."""
+    return path.with_name(path.name + _SIDECAR_SUFFIX)
 
 
 def _sidecar_text(path: pathlib.Path, digests: list[str]) -> bytes:
@@ -382,7 +260,7 @@ def _sidecar_text(path: pathlib.Path, digests: list[str]) -> bytes:
     return "".join(f"{d}  {path.name}\n" for d in digests).encode("ascii")
 
 
-def _torch_save(step: int, state: dict, sink: "_HashingSink") -> None:
+def _torch_save(step: int, state: dict, sink: atomic.HashingSink) -> None:
     """``torch.save`` that surfaces the sink's OSError instead of torch's opaque RuntimeError."""
     try:
         with _torch_crc32_disabled():
@@ -400,69 +278,12 @@ def _torch_save(step: int, state: dict, sink: "_HashingSink") -> None:
 def _torch_crc32_disabled():
     """Skip torch's per-record CRC32: our sha256 covers every byte, and torch.load never checks
     the CRC anyway (a flipped byte loads silently). Saves a full pass over the data."""
-    getter = getattr(torch.serialization, "get_crc32_options", None)
-    if getter is None:
-        yield
-        return
-    previous = getter()
+    previous = torch.serialization.get_crc32_options()  # Present in every torch we support.
     torch.serialization.set_crc32_options(False)
     try:
         yield
     finally:
         torch.serialization.set_crc32_options(previous)
-
-
-class _HashingSink:
-    """File-like target for ``torch.save``: hashes and writes what it is given, in order.
-
-    Why: one pass over the bytes, no in-memory copy of the checkpoint, sha256 running on a
-    helper thread while the same bytes are written (both release the GIL), and torch's ~5 tiny
-    writes per tensor merged into large ones.
-    """
-
-    def __init__(self, fd: int, pool: ThreadPoolExecutor):
-        self._fd = fd
-        self._pool = pool
-        self._sha = hashlib.sha256()
-        self._pending = bytearray()
-        self.nbytes = 0
-        self.error: OSError | None = None  # torch hides it behind a RuntimeError.
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")  # Only valid during this call: never kept.
-        try:
-            if len(view) < _SMALL_PIECE_BYTES:
-                self._pending += view
-                if len(self._pending) >= _MERGED_WRITE_BYTES:
-                    self._drain()
-            else:
-                self._drain()
-                self._emit(view)
-        except OSError as exc:
-            self.error = exc
-            raise
-        self.nbytes += len(view)
-        return len(view)
-
-    def flush(self) -> None:
-        """Called by torch.save; the real flush happens in finish()."""
-
-    def finish(self) -> str:
-        """Write what is still pending; return the sha256 of everything written."""
-        self._drain()
-        return self._sha.hexdigest()
-
-    def _drain(self) -> None:
-        if self._pending:
-            pending, self._pending = self._pending, bytearray()
-            self._emit(memoryview(pending))
-
-    def _emit(self, view: memoryview) -> None:
-        hashing = self._pool.submit(self._sha.update, view)
-        try:
-            _write_all(self._fd, view)
-        finally:
-            hashing.result()
 
 
 def _tensor_bytes(obj) -> int:
@@ -489,18 +310,19 @@ def _read_digests(sidecar: pathlib.Path) -> list[str]:
     return digests
 
 
-def _old_digests(path: pathlib.Path, sidecar: pathlib.Path) -> list[str]:
+def _old_digests(path: pathlib.Path) -> list[str]:
     """Digests that keep an existing ``path`` verifiable while it is being replaced."""
     if not path.exists():
         return []
     try:
-        return _read_digests(sidecar)
+        return _read_digests(_sidecar(path))
     except (OSError, UnicodeDecodeError, ValueError):
         return []  # The old payload was unverifiable anyway; nothing to preserve.
 
 
-def _read_verified(path: pathlib.Path, sidecar: pathlib.Path) -> bytes:
-    """Bytes of ``path`` if their sha256 is listed in ``sidecar``; CheckpointError otherwise."""
+def _read_verified(path: pathlib.Path) -> bytes:
+    """Bytes of ``path`` if their sha256 is listed in its sidecar; CheckpointError otherwise."""
+    sidecar = _sidecar(path)
     try:
         digests = _read_digests(sidecar)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -525,32 +347,15 @@ def _read_verified(path: pathlib.Path, sidecar: pathlib.Path) -> bytes:
     return data
 
 
-def _is_debris(path: pathlib.Path, host: str) -> bool:
+def _is_debris(path: pathlib.Path) -> bool:
     """A temp file whose writer is dead, or a sidecar whose checkpoint was never renamed."""
-    if (m := _TEMP_RE.match(path.name)) is not None:
-        final = m["final"].removesuffix(_SIDECAR_SUFFIX)
-        return bool(_NAME_RE.match(final)) and _temp_is_stale(path, m["host"], int(m["pid"]), host)
+    if (final := atomic.temp_target(path.name)) is not None:
+        return bool(_NAME_RE.match(final.removesuffix(_SIDECAR_SUFFIX))) and (
+            atomic.temp_writer_is_dead(path)
+        )
     if path.name.endswith(_SIDECAR_SUFFIX):
         payload = path.with_name(path.name.removesuffix(_SIDECAR_SUFFIX))
         return bool(_NAME_RE.match(payload.name)) and not payload.exists()
-    return False
-
-
-def _temp_is_stale(path: pathlib.Path, temp_host: str, pid: int, host: str) -> bool:
-    """True when the process that wrote temp file ``path`` cannot still be writing it."""
-    if temp_host != host:
-        try:
-            return time.time() - path.stat().st_mtime > _FOREIGN_TEMP_MAX_AGE_S
-        except OSError:
-            return False
-    if pid == os.getpid():
-        return False  # Ours: _write_temp replaces it itself.
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # Exists but owned by someone else.
     return False
 
 

@@ -15,7 +15,7 @@ import time
 
 import yaml
 
-from hpcddp.checkpoint import atomic_write_text
+from hpcddp.atomic import atomic_write_text
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 

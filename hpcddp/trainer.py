@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpcddp import collective, data, failures, preemption, rng, rundir
-from hpcddp.checkpoint import CheckpointStore, atomic_write_text
+from hpcddp.atomic import atomic_write_text
+from hpcddp.checkpoint import CheckpointStore
 from hpcddp.config import Config
 from hpcddp.distributed import process_group
 from hpcddp.environments import DistEnv, resolve_env

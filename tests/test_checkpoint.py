@@ -17,7 +17,8 @@ import time
 import pytest
 import torch
 
-from hpcddp.checkpoint import CheckpointStore, atomic_write_bytes, atomic_write_text
+from hpcddp.atomic import atomic_write_bytes, atomic_write_text
+from hpcddp.checkpoint import CheckpointStore
 from hpcddp.errors import CheckpointError, HpcddpError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -161,7 +162,7 @@ def test_failed_resave_of_a_step_keeps_its_old_version(tmp_path, monkeypatch):
     def failing_commit(tmp, path):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr("hpcddp.checkpoint._commit", failing_commit)
+    monkeypatch.setattr("hpcddp.atomic.commit", failing_commit)
     with pytest.raises(CheckpointError, match="step 4 not saved.*Input/output error.*HINT:"):
         store.save(4, _state(2.0))
     assert store.load_latest()[1]["step_value"] == 1.0
