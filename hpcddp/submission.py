@@ -8,7 +8,7 @@ answering) submitit's local executor runs the tasks on this machine instead.
 submitit's own ``job.result()`` refuses multi-task jobs and waits on ``sacct``, which hangs
 forever on clusters without accounting (submitit#1720) when a job dies before writing its
 result. The jobs returned here return task 0's result (every rank agrees on the summary) and
-read the job's state from ``squeue``; see `hpcddp.jobs`.
+read the job's state from ``squeue``; see `hpcddp.slurm_queue`.
 """
 
 import dataclasses
@@ -28,7 +28,7 @@ from submitit.core.utils import DelayedSubmission
 from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-from hpcddp import jobs
+from hpcddp import job_index, slurm_queue
 from hpcddp.config import Config, SlurmConfig, apply_overrides, from_dict, load_config
 from hpcddp.errors import ConfigError, LaunchError
 
@@ -82,7 +82,7 @@ class _SqueueWatcher(SlurmInfoWatcher):
         if not pending:
             return
         self._num_calls += 1
-        self._info_dict.update(jobs.query_states(pending))
+        self._info_dict.update(slurm_queue.query_states(pending))
         self._last_status_check = time.time()
         for job_id in pending:
             if self.is_done(job_id, mode="cache"):
@@ -91,7 +91,7 @@ class _SqueueWatcher(SlurmInfoWatcher):
     def is_done(self, job_id: str, mode: str = "standard") -> bool:
         """Done once Slurm shows an end state, or no longer lists the job at all."""
         state = self.get_state(job_id, mode=mode)
-        return state != "UNKNOWN" and state.split()[0] not in jobs.ACTIVE_STATES
+        return state != "UNKNOWN" and state.split()[0] not in slurm_queue.ACTIVE_STATES
 
 
 class _Task0Result:
@@ -226,9 +226,9 @@ def _executor(config: Config, cluster: str, **extra: Any):
     return executor
 
 
-def _record(job: Any, config: Config, cluster: str, submitted_at: float) -> jobs.JobRecord:
+def _record(job: Any, config: Config, cluster: str, submitted_at: float) -> job_index.JobRecord:
     """What `hpcddp status` and `hpcddp logs` will need once Slurm has forgotten the job."""
-    return jobs.JobRecord(
+    return job_index.JobRecord(
         job_id=str(job.job_id), cluster=cluster,
         run_dir=str(pathlib.Path(config.run.dir).absolute()),
         submitit_folder=str(job.paths.folder), stdout=str(job.paths.stdout),
@@ -244,14 +244,14 @@ def submit(config: Config | str | os.PathLike, overrides: Sequence[str] = (), *,
 
     ``slurm_options`` override the config's slurm section (``nodes=2, tasks_per_node=4,
     time_min=30, ...``). ``cluster`` forces ``"slurm"`` or ``"local"``. submitit's files go to
-    ``<run.dir>/submitit/``; `hpcddp.jobs` records the job for ``hpcddp status`` and ``logs``.
+    ``<run.dir>/submitit/``; `hpcddp.job_index` records the job for ``hpcddp status`` and ``logs``.
     """
     config = resolve_config(config, overrides, slurm_options)
     cluster = choose_cluster(cluster)
     executor = _executor(config, cluster)
     submitted_at = time.time()
     job = _adopt(executor.submit(TrainTask(config)), executor.folder, cluster)
-    jobs.write_record(_record(job, config, cluster, submitted_at))
+    job_index.write_record(_record(job, config, cluster, submitted_at))
     log.info("submitted job %s (%s, %d tasks), run dir %s", job.job_id, cluster,
              job.num_tasks, config.run.dir)
     return job
@@ -279,7 +279,7 @@ def sweep(config: Config | str | os.PathLike, grid: Mapping[str, Sequence[Any]],
         delayed = [executor.submit(TrainTask(point)) for point in configs]
     submitted = [_adopt(job, executor.folder, cluster) for job in delayed]
     for job, point in zip(submitted, configs):
-        jobs.write_record(_record(job, point, cluster, submitted_at))
+        job_index.write_record(_record(job, point, cluster, submitted_at))
     log.info("submitted sweep of %d runs (%s) under %s", len(submitted), cluster, base.run.dir)
     return submitted
 

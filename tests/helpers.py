@@ -1,10 +1,14 @@
-"""Shared test helpers: run the real CLI in a subprocess and read what a run left behind."""
+"""Shared test helpers: run the real CLI in a subprocess, read what a run left behind, and serve
+files over loopback HTTP."""
 
+import http.server
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import threading
+import urllib.parse
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -20,3 +24,69 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
 def summary(run_dir: pathlib.Path) -> dict:
     """The summary.json a finished run wrote."""
     return json.loads((pathlib.Path(run_dir) / "summary.json").read_text())
+
+
+class LoopbackServer:
+    """An HTTP server on 127.0.0.1 (a free port, in a thread) that counts requests per path.
+
+    Downloads are tested against it rather than the internet: it is fast, always there, and
+    the counts show how many ranks really fetched. ``content`` is either bytes, served at every
+    path except those under ``/missing`` (HTTP 404, so one server covers both cases), or a
+    directory whose files are served by name. Use it as a context manager, or call `close`.
+    """
+
+    def __init__(self, content: bytes | pathlib.Path) -> None:
+        self.counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._content = content
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def count(self, path: str) -> int:
+        """How many GET requests ``path`` (such as ``/a.bin``) has had so far."""
+        with self._lock:
+            return self.counts.get(path, 0)
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> "LoopbackServer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _body(self, path: str) -> bytes | None:
+        """What ``path`` serves; None for a 404."""
+        if isinstance(self._content, bytes):
+            return None if path.startswith("/missing") else self._content
+        root = pathlib.Path(self._content).resolve()
+        name = urllib.parse.unquote(urllib.parse.urlsplit(path).path).lstrip("/")
+        file = (root / name).resolve()
+        return file.read_bytes() if file.is_relative_to(root) and file.is_file() else None
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                with server._lock:
+                    server.counts[self.path] = server.counts.get(self.path, 0) + 1
+                body = server._body(self.path)
+                if body is None:
+                    self.send_error(404, "Not Found")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:  # keep test output quiet
+                pass
+
+        return Handler

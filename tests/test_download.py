@@ -5,7 +5,6 @@ runs every scenario in order and writes what it saw to a JSON file that the test
 """
 
 import hashlib
-import http.server
 import io
 import json
 import os
@@ -13,7 +12,6 @@ import pathlib
 import socket
 import subprocess
 import sys
-import threading
 import time
 import types
 
@@ -22,8 +20,8 @@ import pytest
 from hpcddp import fetch as dl
 from hpcddp.fetch import bar_line, download, main_process_first
 from hpcddp.errors import DownloadError
+from tests.helpers import REPO, LoopbackServer
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 PAYLOAD = bytes(range(256)) * 4096 + b"tail"  # ~1 MiB, so streaming takes more than one chunk
 PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
 WRONG_SHA = "0" * 64
@@ -35,48 +33,11 @@ LOCAL_RANK = (0, 1, 0)
 # --- a loopback server that counts requests ---------------------------------------------------
 
 
-class _Server:
-    """Serves PAYLOAD under a few paths and counts every request by path."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        self.lock = threading.Lock()
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                with server.lock:
-                    server.counts[self.path] = server.counts.get(self.path, 0) + 1
-                if self.path.startswith("/missing"):
-                    self.send_error(404, "Not Found")
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(PAYLOAD)))
-                self.end_headers()
-                self.wfile.write(PAYLOAD)
-
-            def log_message(self, *args) -> None:  # keep test output quiet
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def count(self, path: str) -> int:
-        with self.lock:
-            return self.counts.get(path, 0)
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture(scope="module")
 def server():
-    s = _Server()
-    yield s
-    s.close()
+    """Serves PAYLOAD at every path (``/missing...`` answers 404) and counts requests."""
+    with LoopbackServer(PAYLOAD) as s:
+        yield s
 
 
 def _free_port() -> int:

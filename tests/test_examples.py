@@ -2,11 +2,9 @@
 over HTTP from a loopback server), and quickstart reaches the accuracy its YAML promises."""
 
 import hashlib
-import http.server
 import logging
 import os
 import re
-import threading
 
 import pytest
 import torch
@@ -16,7 +14,7 @@ from hpcddp.config import load_config
 from hpcddp.environments import resolve_env
 from hpcddp.errors import ConfigError
 from hpcddp.trainer import Trainer
-from tests.helpers import REPO, run_cli, summary
+from tests.helpers import REPO, LoopbackServer, run_cli, summary
 
 CORPUS = REPO / "examples" / "data" / "tiny-corpus.txt"
 CHARGPT_YAML = REPO / "examples" / "chargpt.yaml"
@@ -94,40 +92,11 @@ def test_chargpt_trains_a_few_steps_from_a_file_url(tmp_path, in_process_run):
     assert (tmp_path / "data" / "tiny-corpus.txt").read_bytes() == CORPUS.read_bytes()
 
 
-class _CorpusServer:
-    """Serves the corpus over loopback HTTP and counts requests per path."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        payload, counts, lock = CORPUS.read_bytes(), self.counts, threading.Lock()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                with lock:
-                    counts[self.path] = counts.get(self.path, 0) + 1
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args) -> None:  # keep test output quiet
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def corpus_server():
-    server = _CorpusServer()
-    yield server
-    server.close()
+    """Serves examples/data (the corpus among it) over loopback HTTP, counting requests."""
+    with LoopbackServer(CORPUS.parent) as server:
+        yield server
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """Failures on the real cluster end the whole job fast, with a message that names the culprit."""
 
-import socket
 import subprocess
 import time
 

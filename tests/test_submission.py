@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hpcddp import jobs, submission
+from hpcddp import job_index, job_status, jobs, slurm_queue, submission
 from hpcddp.config import Config, SlurmConfig, load_config
 from hpcddp.errors import ConfigError, LaunchError
 from tests.helpers import REPO
@@ -230,7 +230,7 @@ SCONTROL_ARRAY = (
 
 
 def test_scontrol_records_are_parsed_field_by_field():
-    first, second = jobs.parse_scontrol(SCONTROL_ARRAY)
+    first, second = slurm_queue.parse_scontrol(SCONTROL_ARRAY)
     assert first["JobState"] == "PENDING" and first["Reason"] == "JobArrayTaskLimit"
     assert first["NodeList"] == "" and first["TRES"] == "cpu=2,mem=24105M,node=1,billing=2"
     assert first["Command"] == "/tmp/s/submitit/.submission_file_02.sh run.dir=/tmp/x"
@@ -240,31 +240,32 @@ def test_scontrol_records_are_parsed_field_by_field():
 
 def test_scontrol_record_picks_the_array_task():
     run = fake_run({"scontrol show job -o 56_0": (0, SCONTROL_ARRAY, "")})
-    assert jobs.scontrol_record("56_0", run)["JobId"] == "57"
+    assert slurm_queue.scontrol_record("56_0", run)["JobId"] == "57"
     gone = fake_run({"scontrol": (1, "", "slurm_load_jobs error: Invalid job id specified\n")})
-    assert jobs.scontrol_record("56_0", gone) is None
-    assert jobs._covers("0-7%2", 5) and jobs._covers("1,4-5", 4) and not jobs._covers("1,4-5", 2)
+    assert slurm_queue.scontrol_record("56_0", gone) is None
+    covers = slurm_queue._covers
+    assert covers("0-7%2", 5) and covers("1,4-5", 4) and not covers("1,4-5", 2)
 
 
 def test_squeue_states_expand_pending_arrays_and_mark_forgotten_jobs():
     run = fake_run({"squeue": (0, "61_[2-3%1]|PENDING||JobArrayTaskLimit\n"
                                   "61_1|RUNNING|n1|None\n61_0|COMPLETED|n2|None\n", "")})
-    states = jobs.query_states(["61_0", "61_1", "61_2", "61_3", "61_4"], run)
+    states = slurm_queue.query_states(["61_0", "61_1", "61_2", "61_3", "61_4"], run)
     assert run.calls == [["squeue", "-h", "-t", "all", "-j", "61", "-o", "%i|%T|%N|%r"]]
     assert {k: v["State"] for k, v in states.items()} == {
         "61_0": "COMPLETED", "61_1": "RUNNING", "61_2": "PENDING", "61_3": "PENDING",
-        "61_4": jobs.LEFT_QUEUE}
+        "61_4": slurm_queue.LEFT_QUEUE}
     assert states["61_2"]["Reason"] == "JobArrayTaskLimit"
 
 
 def test_squeue_that_cannot_answer_changes_nothing():
     forgotten = fake_run({"squeue": (1, "", "slurm_load_jobs error: Invalid job id specified\n")})
-    assert jobs.query_states(["9"], forgotten) == {
-        "9": {"State": jobs.LEFT_QUEUE, "NodeList": "", "Reason": ""}}
+    assert slurm_queue.query_states(["9"], forgotten) == {
+        "9": {"State": slurm_queue.LEFT_QUEUE, "NodeList": "", "Reason": ""}}
     down = fake_run({"squeue": (1, "", "slurm_load_jobs error: Unable to contact slurm "
                                        "controller (connect failure)\n")})
-    assert jobs.query_states(["9"], down) == {}
-    assert jobs.query_states(["9"], fake_run({"squeue": FileNotFoundError("squeue")})) == {}
+    assert slurm_queue.query_states(["9"], down) == {}
+    assert slurm_queue.query_states(["9"], fake_run({"squeue": FileNotFoundError("squeue")})) == {}
 
 
 @pytest.mark.parametrize("slurm, files, expected", [
@@ -276,56 +277,57 @@ def test_squeue_that_cannot_answer_changes_nothing():
     ("CANCELLED", "COMPLETED", "CANCELLED"),
     ("TIMEOUT", "STOPPED", "TIMEOUT"),  # Slurm's own end states stand
     ("COMPLETED", "STOPPED", "STOPPED"),
-    (jobs.LEFT_QUEUE, "COMPLETED", "COMPLETED"),
-    (jobs.LEFT_QUEUE, "FAILED", "FAILED"),
+    (slurm_queue.LEFT_QUEUE, "COMPLETED", "COMPLETED"),
+    (slurm_queue.LEFT_QUEUE, "FAILED", "FAILED"),
     (None, "COMPLETED", "COMPLETED"),
 ])
 def test_final_state(slurm, files, expected):
-    assert jobs.final_state(slurm, files) == expected
+    assert job_status.final_state(slurm, files) == expected
 
 
-@pytest.mark.parametrize("slurm", [jobs.LEFT_QUEUE, None, "COMPLETED"])
+@pytest.mark.parametrize("slurm", [slurm_queue.LEFT_QUEUE, None, "COMPLETED"])
 def test_without_a_summary_from_this_job_it_is_never_completed(slurm):
-    assert jobs.final_state(slurm, None).startswith("UNKNOWN")
+    assert job_status.final_state(slurm, None).startswith("UNKNOWN")
 
 
-def make_record(tmp_path, job_id="77", submitted_at=None, cluster="slurm") -> jobs.JobRecord:
+def make_record(tmp_path, job_id="77", submitted_at=None, cluster="slurm") -> job_index.JobRecord:
     folder = tmp_path / "run" / "submitit"
     folder.mkdir(parents=True, exist_ok=True)
-    record = jobs.JobRecord(job_id=job_id, cluster=cluster, run_dir=str(tmp_path / "run"),
-                            submitit_folder=str(folder), stdout=str(folder / f"{job_id}_0_log.out"),
-                            stderr=str(folder / f"{job_id}_0_log.err"), num_tasks=2,
-                            submitted_at=time.time() if submitted_at is None else submitted_at)
-    jobs.write_record(record)
+    record = job_index.JobRecord(
+        job_id=job_id, cluster=cluster, run_dir=str(tmp_path / "run"),
+        submitit_folder=str(folder), stdout=str(folder / f"{job_id}_0_log.out"),
+        stderr=str(folder / f"{job_id}_0_log.err"), num_tasks=2,
+        submitted_at=time.time() if submitted_at is None else submitted_at)
+    job_index.write_record(record)
     return record
 
 
 def test_status_after_the_job_left_slurm_comes_from_the_index_and_files(tmp_path):
     record = make_record(tmp_path)
     forgotten = fake_run({"scontrol": (1, "", "slurm_load_jobs error: Invalid job id specified")})
-    (status,) = jobs.job_status("77", forgotten)
+    (status,) = job_status.job_status("77", forgotten)
     assert status.state.startswith("UNKNOWN") and not status.summary
 
     (tmp_path / "run" / "summary.json").write_text("{}")
-    (status,) = jobs.job_status("77", forgotten)
+    (status,) = job_status.job_status("77", forgotten)
     assert (status.state, status.summary, status.run_dir) == ("COMPLETED", True, record.run_dir)
 
     with record.result_pickle().open("wb") as handle:
         pickle.dump(("error", "Traceback ...\nValueError: boom"), handle)
-    assert jobs.job_status("77", forgotten)[0].state == "FAILED"
+    assert job_status.job_status("77", forgotten)[0].state == "FAILED"
 
 
 def test_a_summary_older_than_the_submission_is_a_previous_runs(tmp_path):
     make_record(tmp_path, submitted_at=time.time() + 3600)
     (tmp_path / "run" / "summary.json").write_text("{}")
     forgotten = fake_run({"scontrol": (1, "", "Invalid job id specified")})
-    assert jobs.job_status("77", forgotten)[0].state.startswith("UNKNOWN")
+    assert job_status.job_status("77", forgotten)[0].state.startswith("UNKNOWN")
 
 
 def test_status_of_a_pending_job_shows_the_reason(tmp_path):
     make_record(tmp_path, job_id="56_1")
     run = fake_run({"scontrol show job -o 56_1": (0, SCONTROL_ARRAY, "")})
-    (status,) = jobs.job_status("56_1", run)
+    (status,) = job_status.job_status("56_1", run)
     assert status.state == "PENDING"
     assert "reason:       JobArrayTaskLimit" in status.lines()
     assert "nodes:        -" in status.lines()
@@ -335,38 +337,39 @@ def test_status_of_an_array_lists_every_task(tmp_path):
     for index in (1, 0, 10):
         make_record(tmp_path, job_id=f"56_{index}")
     run = fake_run({"scontrol show job -o 56_": (0, SCONTROL_ARRAY, "")})
-    assert [s.job_id for s in jobs.job_status("56", run)] == ["56_0", "56_1", "56_10"]
+    assert [s.job_id for s in job_status.job_status("56", run)] == ["56_0", "56_1", "56_10"]
     with pytest.raises(ConfigError, match="is an array of 3 tasks"):
-        jobs.log_paths("56", None, run)
+        job_status.log_paths("56", None, run)
 
 
 def test_status_of_a_job_hpcddp_did_not_submit(tmp_path):
     run = fake_run({"scontrol show job -o 57": (0, SCONTROL_ARRAY.splitlines()[1], "")})
-    (status,) = jobs.job_status("57", run)
+    (status,) = job_status.job_status("57", run)
     assert (status.state, status.nodes, status.run_dir) == ("RUNNING", "n1", "")
     assert "run dir:      unknown (not submitted with hpcddp submit)" in status.lines()
-    assert jobs.log_paths("57", None, run) == [pathlib.Path("/tmp/s/submitit/56_0_0_log.out")]
+    assert job_status.log_paths("57", None, run) == [pathlib.Path("/tmp/s/submitit/56_0_0_log.out")]
     with pytest.raises(ConfigError, match="run directory is unknown"):
-        jobs.log_paths("57", 3, run)
+        job_status.log_paths("57", 3, run)
     gone = fake_run({"scontrol": (1, "", "Invalid job id specified")})
     with pytest.raises(ConfigError, match="no job 58"):
-        jobs.job_status("58", gone)
+        job_status.job_status("58", gone)
 
 
 def test_log_paths_of_a_submitted_job(tmp_path):
     record = make_record(tmp_path)
-    assert jobs.log_paths("77", None) == [pathlib.Path(record.stdout), pathlib.Path(record.stderr)]
-    assert jobs.log_paths("77", 3) == [tmp_path / "run" / "logs" / "rank-3.log"]
+    assert job_status.log_paths("77", None) == [pathlib.Path(record.stdout),
+                                                pathlib.Path(record.stderr)]
+    assert job_status.log_paths("77", 3) == [tmp_path / "run" / "logs" / "rank-3.log"]
 
 
 def test_the_job_index_is_plain_json(tmp_path):
     record = make_record(tmp_path, job_id="4242", cluster="local")
     path = pathlib.Path(os.environ["HPCDDP_JOBS_DIR"]) / "local-4242.json"
     assert json.loads(path.read_text())["run_dir"] == record.run_dir
-    assert jobs.find_records("4242") == jobs.find_records("local-4242") == [record]
+    assert job_index.find_records("4242") == job_index.find_records("local-4242") == [record]
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="unreadable"):
-        jobs.find_records("4242")
+        job_index.find_records("4242")
 
 
 def test_the_watcher_reads_squeue_not_sacct(monkeypatch):
