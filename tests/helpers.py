@@ -27,7 +27,8 @@ def summary(run_dir: pathlib.Path) -> dict:
 
 
 class LoopbackServer:
-    """An HTTP server on 127.0.0.1 (a free port, in a thread) that counts requests per path.
+    """An HTTP server on 127.0.0.1 or another own address (a free port, in a thread) that counts
+    requests per path.
 
     Downloads are tested against it rather than the internet: it is fast, always there, and
     the counts show how many ranks really fetched. ``content`` is either bytes, served at every
@@ -35,12 +36,12 @@ class LoopbackServer:
     directory whose files are served by name. Use it as a context manager, or call `close`.
     """
 
-    def __init__(self, content: bytes | pathlib.Path) -> None:
+    def __init__(self, content: bytes | pathlib.Path, host: str = "127.0.0.1") -> None:
         self.counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._content = content
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._httpd = http.server.ThreadingHTTPServer((host, 0), self._handler())
+        self.url = f"http://{host}:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
 
