@@ -32,6 +32,7 @@ from typing import IO, TYPE_CHECKING
 import torch.distributed as dist
 
 from hpcddp.errors import DownloadError, HpcddpError
+from hpcddp.progress import bar
 
 if TYPE_CHECKING:
     from hpcddp.environments import DistEnv
@@ -387,6 +388,4 @@ def bar_line(name: str, done: int, total: int | None, elapsed_s: float, width: i
     rate = done / 1e6 / max(elapsed_s, 1e-9)
     if not total:
         return f"{name} {done / 1e6:.1f} MB {rate:.1f} MB/s"
-    filled = min(width, width * done // total)
-    return (f"{name} [{'#' * filled}{'-' * (width - filled)}] "
-            f"{done / 1e6:.1f}/{total / 1e6:.1f} MB {rate:.1f} MB/s")
+    return f"{name} {bar(done, total, width)} {done / 1e6:.1f}/{total / 1e6:.1f} MB {rate:.1f} MB/s"

@@ -30,6 +30,7 @@ from hpcddp.config import Config
 from hpcddp.environments import DistEnv
 from hpcddp.errors import ConfigError, DistributedError
 from hpcddp.optim import make_optimizer, make_scheduler
+from hpcddp.progress import ProgressBar, bar
 from hpcddp.weights import weights_sha256
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class TrainingRun:
             rng.seed_everything(self.cfg.run.seed + self.env.rank)  # own dropout stream per rank
         self.metrics = rundir.MetricsLog(self.run_dir / "metrics.jsonl",
                                          self.progress.step) if self.env.is_main else None
+        self.bar = ProgressBar(enabled=self.env.is_main)
         self.stop_flag = preemption.StopFlag()
         in_main_thread = threading.current_thread() is threading.main_thread()
         if in_main_thread:
@@ -109,6 +111,7 @@ class TrainingRun:
                 raise
             raise explained from err
         finally:
+            self.bar.close()
             if in_main_thread:
                 self.stop_flag.uninstall()
             if self.metrics:
@@ -149,6 +152,11 @@ class TrainingRun:
                 reason = self._after_step(loss, epoch_done=left == 0)
                 if reason:
                     return reason
+                loss_text = "-" if math.isnan(self.progress.last_loss) else (
+                    f"{self.progress.last_loss:.4f}")  # the last logged loss: no sync here
+                self.bar.update(f"{bar(self.progress.step, self.total_steps)} step "
+                                f"{self.progress.step}/{self.total_steps} epoch "
+                                f"{self.progress.epoch} loss {loss_text}")
             if left == 0:  # not when max_steps ended the run inside the epoch
                 self.progress.epoch += 1
                 self.progress.batch = 0
@@ -223,6 +231,7 @@ class TrainingRun:
         samples = (steps * self.cfg.data.batch_size * self.env.world_size
                    * self.cfg.train.grad_accum_steps)
         if self.metrics:
+            self.bar.clear()
             lr = self.scheduler.get_last_lr()[0]
             self.metrics.write(step=self.progress.step, epoch=self.progress.epoch,
                                loss=self.progress.last_loss, lr=lr,
@@ -241,6 +250,7 @@ class TrainingRun:
                                      self.cfg.train.precision, self.env.distributed)
         self.last_eval = result
         if self.metrics and record:
+            self.bar.clear()
             self.metrics.write(step=self.progress.step, epoch=self.progress.epoch, **result)
             log.info("eval at step %d: loss %.4f accuracy %.4f", self.progress.step,
                      result["eval_loss"], result["eval_accuracy"])
@@ -250,6 +260,7 @@ class TrainingRun:
 
     def save_checkpoint(self, epoch_done: bool = False) -> None:
         """Every rank contributes its RNG state; rank 0 writes; every rank learns if it failed."""
+        self.bar.clear()
         rng_states = collective.all_gather_object(rng.capture())
         progress = dataclasses.replace(self.progress)
         if epoch_done:  # the checkpoint resumes at the start of the next epoch
@@ -261,10 +272,8 @@ class TrainingRun:
             "progress": dataclasses.asdict(progress), "rng": rng_states,
             "world_size": self.env.world_size,
         }
-        path = collective.on_rank_zero(lambda: self.store.save(self.progress.step, state),
-                                       self.env.rank, "save a checkpoint")
-        if path:
-            log.info("saved checkpoint %s", path)
+        collective.on_rank_zero(lambda: self.store.save(self.progress.step, state),
+                                self.env.rank, "save a checkpoint")
 
     def _resume(self) -> None:
         """Load the latest complete checkpoint, if any, exactly as it was saved."""

@@ -76,3 +76,18 @@ def test_signal_reaching_one_rank_stops_all_at_the_same_step(tmp_path):
     assert "not a Slurm job, nothing to requeue" in output
     assert "re-run the same command to resume" in output
     finish_and_compare(tmp_path, run_dir)
+
+
+def test_stops_before_the_time_limit_without_any_signal(tmp_path):
+    """No signal configured: the ranks still stop and checkpoint ahead of the job's end."""
+    run_dir = tmp_path / "run"
+    end = time.time() + 30  # what Slurm's SLURM_JOB_END_TIME / squeue %e would say
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "hpcddp", "train", CONFIG, f"run.dir={run_dir}", *LONG,
+         "train.stop_before_end_s=20", "--nproc", "2"], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env={**os.environ, "SLURM_JOB_END_TIME": str(int(end))})
+    output, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode == preemption.EXIT_STOPPED_NOT_REQUEUED, output[-3000:]
+    assert time.time() < end  # stopped before the limit, not killed at it
+    assert "preempted at step" in output and "checkpoint saved" in output
+    assert checkpoint_steps(run_dir)
