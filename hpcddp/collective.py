@@ -37,22 +37,27 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def on_rank_zero(fn: Callable[[], T], rank: int, what: str) -> T | None:
-    """Run ``fn`` on rank 0 only; if it fails, every rank raises the same error promptly."""
+def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's object, in rank order, on ``dst`` only (None elsewhere)."""
+    if not _active():
+        return [obj]
+    out = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out
+
+
+def on_rank_zero(fn: Callable[[], T], rank: int, what: str) -> T:
+    """Run ``fn`` on rank 0 only; every rank gets its result, or raises the same error at once."""
     result, failure = None, None
     if rank == 0:
         try:
             result = fn()
         except Exception as err:  # reported to every rank below, then re-raised here
             failure = err
-    outcome = broadcast_object(None if failure is None else f"{type(failure).__name__}: {failure}")
+    error = None if failure is None else f"{type(failure).__name__}: {failure}"
+    result, error = broadcast_object((result, error))
     if failure is not None:
         raise failure
-    if outcome is not None:
-        raise HpcddpError(f"rank 0 failed to {what}: {outcome}")
+    if error is not None:
+        raise HpcddpError(f"rank 0 failed to {what}: {error}")
     return result
-
-
-def agree_any(flag: bool) -> bool:
-    """True on every rank if it is true on any rank (e.g. a stop request seen by some)."""
-    return any(all_gather_object(bool(flag)))

@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import pathlib
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -65,7 +64,8 @@ class TrainingRun:
         model = model_fn(**cfg.model.kwargs).to(device)
         train_set, eval_set = split_datasets(dataset_fn(**cfg.data.kwargs))
         self.train_loader = data.make_train_loader(train_set, cfg.data, env, cfg.run.seed)
-        self.eval_loader = eval_set and data.make_eval_loader(eval_set, cfg.data, env)
+        self.eval_loader = None if eval_set is None else data.make_eval_loader(
+            eval_set, cfg.data, env)
         self.steps_per_epoch = math.ceil(len(self.train_loader) / cfg.train.grad_accum_steps)
         if self.steps_per_epoch == 0:
             raise ConfigError(f"the training set gives rank {env.rank} no batch "
@@ -83,23 +83,24 @@ class TrainingRun:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def execute(self) -> dict:
-        """Resume, train to the end (or a clean stop), then summarize."""
-        self._resume()
-        ddp.settle_buckets(self.ddp, self.model, self.train_loader.dataset,
-                           self.cfg.data.batch_size, self.device, self.cfg.train.precision)
-        if self.progress.step == 0:
-            rng.seed_everything(self.cfg.run.seed + self.env.rank)  # own dropout stream per rank
-        self.metrics = rundir.MetricsLog(self.run_dir / "metrics.jsonl",
-                                         self.progress.step) if self.env.is_main else None
+    def execute(self, stop_flag: preemption.StopFlag) -> dict:
+        """Resume, train to the end (or a clean stop), then summarize.
+
+        ``stop_flag`` is installed by the caller for the whole run, so a stop signal that comes
+        during set-up or teardown is recorded instead of killing the process.
+        """
+        self.stop_flag, self.metrics = stop_flag, None
         self.bar = ProgressBar(enabled=self.env.is_main)
-        self.stop_flag = preemption.StopFlag()
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        if in_main_thread:
-            self.stop_flag.install()
-        self.deadline = self._deadline()
-        self.vote = preemption.StopVote(self.device, self.env.distributed)
         try:
+            # before resume: its forward may read the dataset, which may draw random numbers
+            ddp.settle_buckets(self.ddp, self.model, self.train_loader.dataset,
+                               self.cfg.data.batch_size, self.device, self.cfg.train.precision)
+            self._resume()
+            if self.progress.step == 0:
+                rng.seed_everything(self.cfg.run.seed + self.env.rank)  # own dropout stream
+            collective.on_rank_zero(self._open_metrics, self.env.rank, "open metrics.jsonl")
+            self.deadline = self._deadline()
+            self.vote = preemption.StopVote(self.env.backend, self.env.distributed)
             reason = self._train()
             self.vote.result()  # drain the last vote so no collective is left in flight
             return self._stopped(reason) if reason else self._finish()
@@ -112,10 +113,12 @@ class TrainingRun:
             raise explained from err
         finally:
             self.bar.close()
-            if in_main_thread:
-                self.stop_flag.uninstall()
             if self.metrics:
                 self.metrics.close()
+
+    def _open_metrics(self) -> None:
+        """Rank 0's metrics.jsonl, forgetting lines past the checkpoint it resumed from."""
+        self.metrics = rundir.MetricsLog(self.run_dir / "metrics.jsonl", self.progress.step)
 
     def _deadline(self) -> float | None:
         """When to stop on our own, ahead of the job's time limit (rank 0 asks Slurm)."""
@@ -128,8 +131,8 @@ class TrainingRun:
         outcome = {"stopped": True, "step": self.progress.step,
                    "reason": preemption.REASON_NAMES[reason]}
         if reason == preemption.STOP_PREEMPTED:
-            requeued = preemption.requeue() if self.env.is_main else None
-            requeued, message = collective.broadcast_object(requeued)
+            requeued, message = collective.on_rank_zero(preemption.requeue, self.env.rank,
+                                                        "requeue the job")
             outcome["requeued"] = requeued
             (log.info if requeued else log.error)(
                 "preempted at step %d, checkpoint saved; %s", self.progress.step, message)
@@ -138,7 +141,9 @@ class TrainingRun:
     def _train(self) -> int:
         """Epochs of accumulation windows; a stop reason if stopped early (checkpoint saved)."""
         t = self.cfg.train
-        while self.progress.step < self.total_steps and self.progress.epoch < t.epochs:
+        # max_steps, when set, decides alone: epochs then only count passes over the data
+        while self.progress.step < self.total_steps and (
+                t.max_steps or self.progress.epoch < t.epochs):
             data.start_epoch(self.train_loader, self.progress.epoch, self.cfg.run.seed,
                              skip_batches=self.progress.batch)
             batches, left = iter(self.train_loader), len(self.train_loader)
@@ -152,15 +157,19 @@ class TrainingRun:
                 reason = self._after_step(loss, epoch_done=left == 0)
                 if reason:
                     return reason
-                loss_text = "-" if math.isnan(self.progress.last_loss) else (
-                    f"{self.progress.last_loss:.4f}")  # the last logged loss: no sync here
-                self.bar.update(f"{bar(self.progress.step, self.total_steps)} step "
-                                f"{self.progress.step}/{self.total_steps} epoch "
-                                f"{self.progress.epoch} loss {loss_text}")
+                if self.bar.drawing:
+                    self._draw_bar()
             if left == 0:  # not when max_steps ended the run inside the epoch
                 self.progress.epoch += 1
                 self.progress.batch = 0
         return preemption.CARRY_ON
+
+    def _draw_bar(self) -> None:
+        """Rank 0's terminal line; the loss is the last logged one (no sync here)."""
+        loss = self.progress.last_loss
+        self.bar.update(f"{bar(self.progress.step, self.total_steps)} step "
+                        f"{self.progress.step}/{self.total_steps} epoch {self.progress.epoch} "
+                        f"loss {'-' if math.isnan(loss) else f'{loss:.4f}'}")
 
     def _step(self, batches, window: int) -> torch.Tensor:
         """One optimizer step over ``window`` micro-batches; gradients sync on the last only."""
@@ -261,19 +270,23 @@ class TrainingRun:
     def save_checkpoint(self, epoch_done: bool = False) -> None:
         """Every rank contributes its RNG state; rank 0 writes; every rank learns if it failed."""
         self.bar.clear()
-        rng_states = collective.all_gather_object(rng.capture())
+        rng_states = collective.gather_object(rng.capture())  # on rank 0 only
+        collective.on_rank_zero(
+            lambda: self.store.save(self.progress.step, self._state(rng_states, epoch_done)),
+            self.env.rank, "save a checkpoint")
+
+    def _state(self, rng_states: list, epoch_done: bool) -> dict:
+        """Everything exact resume needs, as weights_only-loadable data."""
         progress = dataclasses.replace(self.progress)
         if epoch_done:  # the checkpoint resumes at the start of the next epoch
             progress.epoch, progress.batch = progress.epoch + 1, 0
-        state = {
+        return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else {},
             "progress": dataclasses.asdict(progress), "rng": rng_states,
             "world_size": self.env.world_size,
         }
-        collective.on_rank_zero(lambda: self.store.save(self.progress.step, state),
-                                self.env.rank, "save a checkpoint")
 
     def _resume(self) -> None:
         """Load the latest complete checkpoint, if any, exactly as it was saved."""
@@ -310,14 +323,13 @@ class TrainingRun:
         if not hasattr(self, "last_eval") and self.eval_loader is not None:
             self.evaluate(record=False)  # re-run of a finished run: same weights, same metrics
         digest = weights_sha256(self.model)
-        digests = collective.all_gather_object(digest)
-        hosts = collective.all_gather_object(self.env.hostname)
+        digests, hosts = zip(*collective.all_gather_object((digest, self.env.hostname)))
         if len(set(digests)) > 1:
             bad = [r for r, d in enumerate(digests) if d != digests[0]]
             raise DistributedError(f"model weights differ across ranks (ranks {bad} disagree "
                                    "with rank 0): DDP replicas diverged.")
         summary = {
-            "world_size": self.env.world_size, "hosts": hosts, "steps": self.progress.step,
+            "world_size": self.env.world_size, "hosts": list(hosts), "steps": self.progress.step,
             "epochs": self.progress.epoch + (self.progress.batch > 0),
             "final_loss": self.progress.last_loss,
             "weights_sha256": digest, "launcher": self.env.launcher, "job_id": self.env.job_id,

@@ -30,7 +30,7 @@ class StopFlag:
     """Records stop signals; a second Ctrl-C raises KeyboardInterrupt for users who insist."""
 
     def __init__(self) -> None:
-        self.signum: int | None = None
+        self.seen: set[int] = set()
         self._previous: dict[int, object] = {}
 
     def install(self) -> "StopFlag":
@@ -46,9 +46,9 @@ class StopFlag:
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:
-        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+        if signum == signal.SIGINT and signal.SIGINT in self.seen:
             raise KeyboardInterrupt
-        self.signum = signum
+        self.seen.add(signum)
 
 
 def job_end_time(environ: Mapping[str, str]) -> float | None:
@@ -67,18 +67,25 @@ def job_end_time(environ: Mapping[str, str]) -> float | None:
 
 
 class StopVote:
-    """Each step: did any rank see a reason to stop? Every rank gets the same answer."""
+    """Each step: did any rank see a reason to stop? Every rank gets the same answer.
 
-    def __init__(self, device: torch.device, distributed: bool) -> None:
-        self._flag = torch.zeros(1, dtype=torch.int32, device=device)
+    The flag lives on the CPU and, under nccl, travels over a gloo side group: reading a GPU
+    tensor would wait for the step just queued on the device, every step.
+    """
+
+    def __init__(self, backend: str, distributed: bool) -> None:
+        self._flag = torch.zeros(1, dtype=torch.int32)
         self._work = None
         self._distributed = distributed
+        # creating a group is a collective: every rank builds its StopVote at the same point
+        self._group = dist.new_group(backend="gloo") if distributed and backend != "gloo" else None
 
     def cast(self, reason: int) -> None:
         """Start this step's vote (0 = carry on) without waiting for it."""
         self._flag.fill_(reason)
         if self._distributed:
-            self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
+            self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group,
+                                         async_op=True)
 
     def result(self) -> int:
         """The highest reason any rank voted at the last `cast` (waits for it)."""
@@ -88,9 +95,9 @@ class StopVote:
         return int(self._flag.item())
 
 
-# Vote values, highest wins. Only a preemption (USR2, the time limit) requeues: SIGTERM is
-# also what `scancel` sends, and a cancelled job must stay cancelled.
-CARRY_ON, STOP_REQUESTED, STOP_INTERRUPTED, STOP_TERMINATED, STOP_PREEMPTED = 0, 1, 2, 3, 4
+# Vote values, highest wins. Only a preemption (USR2, the time limit) requeues; SIGTERM is
+# also what `scancel` sends, and a cancelled job must stay cancelled, so it outranks all.
+CARRY_ON, STOP_REQUESTED, STOP_INTERRUPTED, STOP_PREEMPTED, STOP_TERMINATED = 0, 1, 2, 3, 4
 EXIT_TERMINATED = 143
 REASON_NAMES = {STOP_REQUESTED: "requested", STOP_INTERRUPTED: "interrupted",
                 STOP_TERMINATED: "terminated", STOP_PREEMPTED: "preempted"}
@@ -98,11 +105,11 @@ REASON_NAMES = {STOP_REQUESTED: "requested", STOP_INTERRUPTED: "interrupted",
 
 def reason_of(flag: StopFlag, deadline: float | None) -> int:
     """This rank's vote from its signals and the job's time limit."""
-    if flag.signum == signal.SIGUSR2 or (deadline is not None and time.time() >= deadline):
-        return STOP_PREEMPTED
-    if flag.signum == signal.SIGTERM:
+    if signal.SIGTERM in flag.seen:
         return STOP_TERMINATED
-    if flag.signum == signal.SIGINT:
+    if signal.SIGUSR2 in flag.seen or (deadline is not None and time.time() >= deadline):
+        return STOP_PREEMPTED
+    if signal.SIGINT in flag.seen:
         return STOP_INTERRUPTED
     return CARRY_ON
 

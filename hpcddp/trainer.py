@@ -8,9 +8,10 @@ the loop; the group and the logging are always torn down afterwards.
 import dataclasses
 import gc
 import logging
+import threading
 from collections.abc import Callable
 
-from hpcddp import collective, rundir
+from hpcddp import collective, preemption, rundir
 from hpcddp.config import Config
 from hpcddp.distributed import process_group
 from hpcddp.environments import DistEnv, resolve_env
@@ -36,27 +37,44 @@ class Trainer:
         self.dataset_fn = _factory(dataset_fn or self.config.data.factory, "data")
 
     def fit(self, env: DistEnv | None = None) -> dict:
-        """Run (or resume) training to the end; returns the summary (``stopped`` if cut short)."""
+        """Run (or resume) training to the end; returns the summary (``stopped`` if cut short).
+
+        Stop signals (USR2, TERM, Ctrl-C) are caught for the whole call, from set-up to
+        teardown, so one arriving at any moment is a clean stop, never a killed rank.
+        """
         env = env or resolve_env()
         if self.config.dist.backend:
             env = dataclasses.replace(env, backend=self.config.dist.backend)
         _check_precision(self.config.train.precision, env.device)
+        stop_flag = preemption.StopFlag()
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        if in_main_thread:  # Python lets only the main thread handle signals
+            stop_flag.install()
+        try:
+            return self._fit(env, stop_flag)
+        finally:
+            if in_main_thread:
+                stop_flag.uninstall()
+
+    def _fit(self, env: DistEnv, stop_flag: preemption.StopFlag) -> dict:
         with process_group(env, self.config.dist.timeout_s) as device:
             run_dir = collective.on_rank_zero(lambda: rundir.prepare(self.config), env.rank,
                                               "prepare the run directory")
-            run_dir = collective.broadcast_object(run_dir)
             setup_logging(env, run_dir / "logs")
             log.info("local rank %d, node %d/%d, device %s, backend %s, master %s:%d, "
                      "launcher %s, job %s", env.local_rank, env.node_rank, env.num_nodes,
                      env.device, env.backend, env.master_addr, env.master_port, env.launcher,
                      env.job_id or "-")
             try:
-                run = TrainingRun(self.model_fn, self.dataset_fn, self.config, env, device,
-                                  run_dir)
-                return run.execute()
+                return self._run(env, device, run_dir, stop_flag)
             finally:
                 teardown_logging()
-                gc.collect()  # DDP must not outlive its process group (aborts at exit)
+                gc.collect()  # the run is gone: DDP must not outlive its process group
+
+    def _run(self, env, device, run_dir, stop_flag: preemption.StopFlag) -> dict:
+        """Build and execute the run here, so nothing holds it once this returns."""
+        run = TrainingRun(self.model_fn, self.dataset_fn, self.config, env, device, run_dir)
+        return run.execute(stop_flag)
 
 
 def _factory(spec: Callable | str, what: str) -> Callable:

@@ -11,5 +11,6 @@ def weights_sha256(module: torch.nn.Module) -> str:
     for name, tensor in sorted(module.state_dict().items()):
         tensor = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        # reshape first: a 0-d tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

@@ -61,29 +61,33 @@ def test_job_end_time_from_environment_then_squeue(only_fakes_on_path):
     assert preemption.job_end_time({}) is None
 
 
-@pytest.mark.parametrize("signum, deadline_passed, reason", [
-    (None, False, preemption.CARRY_ON),
-    (None, True, preemption.STOP_PREEMPTED),  # the time limit, without any signal
-    (signal.SIGUSR2, False, preemption.STOP_PREEMPTED),
-    (signal.SIGTERM, False, preemption.STOP_TERMINATED),  # scancel: stop, never requeue
-    (signal.SIGINT, False, preemption.STOP_INTERRUPTED),
-    (signal.SIGTERM, True, preemption.STOP_PREEMPTED),
+@pytest.mark.parametrize("seen, deadline_passed, reason", [
+    (set(), False, preemption.CARRY_ON),
+    (set(), True, preemption.STOP_PREEMPTED),  # the time limit, without any signal
+    ({signal.SIGUSR2}, False, preemption.STOP_PREEMPTED),
+    ({signal.SIGTERM}, False, preemption.STOP_TERMINATED),  # scancel: stop, never requeue
+    ({signal.SIGINT}, False, preemption.STOP_INTERRUPTED),
+    ({signal.SIGTERM}, True, preemption.STOP_TERMINATED),  # cancelled near the end: no requeue
+    ({signal.SIGTERM, signal.SIGUSR2}, False, preemption.STOP_TERMINATED),
 ])
-def test_stop_reasons(signum, deadline_passed, reason):
+def test_stop_reasons(seen, deadline_passed, reason):
     flag = preemption.StopFlag()
-    flag.signum = signum
+    flag.seen = set(seen)
     deadline = 0.0 if deadline_passed else None
     assert preemption.reason_of(flag, deadline) == reason
+
+
+def test_a_cancel_outranks_a_preemption_in_the_vote():
+    assert preemption.STOP_TERMINATED == max(preemption.REASON_NAMES)
 
 
 def test_handler_only_sets_a_flag_and_a_second_ctrl_c_insists():
     flag = preemption.StopFlag().install()
     try:
         os.kill(os.getpid(), signal.SIGUSR2)
-        assert flag.signum == signal.SIGUSR2
-        flag.signum = None
+        assert flag.seen == {signal.SIGUSR2}
         os.kill(os.getpid(), signal.SIGINT)
-        assert flag.signum == signal.SIGINT
+        assert flag.seen == {signal.SIGUSR2, signal.SIGINT}
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     finally:

@@ -112,7 +112,7 @@ def test_bf16_autocast_trains_on_cpu(tmp_path):
 
 
 @pytest.mark.parametrize("environ, local_world, workers", [
-    ({"SLURM_CPUS_PER_TASK": "8"}, 4, 7),
+    ({"SLURM_CPUS_PER_TASK": "8"}, 4, 1),  # --nproc 4 inside one task: 2 CPUs each
     ({"SLURM_CPUS_PER_TASK": "1"}, 1, 0),
     ({"SRUN_CPUS_PER_TASK": "3"}, 1, 2),
 ])
@@ -120,3 +120,68 @@ def test_loader_workers_follow_slurm_cpus(environ, local_world, workers):
     env = resolve_env({"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": str(local_world)},
                       cuda_devices=lambda: 0)
     assert default_num_workers(env, environ) == workers
+
+
+def _slurm_step(local_world: int) -> dict:
+    """A Slurm step's variables for rank 0 of ``local_world`` tasks on one node."""
+    return {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+            "SLURM_STEP_NUM_TASKS": str(local_world), "SLURM_STEP_NODELIST": "n1",
+            "SLURM_STEP_TASKS_PER_NODE": str(local_world), "SLURM_JOB_ID": "7"}
+
+
+def _torchrun(local_world: int) -> dict:
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(local_world),
+            "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("launch, cpus, workers, threads", [
+    (_slurm_step(4), {"SLURM_CPUS_PER_TASK": "8"}, 7, 8),  # one rank per task: all of it
+    (_torchrun(4), {"SLURM_CPUS_PER_TASK": "8"}, 1, 2),  # the node's ranks share one task
+    ({"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": "2"}, {"SRUN_CPUS_PER_TASK": "8"},
+     3, 4),  # hpcddp train --nproc 2 inside an allocation
+    ({"SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_NTASKS": "4"}, {"SLURM_CPUS_PER_TASK": "2"},
+     0, 1),  # submitit-local: never below one thread
+    (_torchrun(4), {"SLURM_CPUS_PER_TASK": "8", "OMP_NUM_THREADS": "3"}, 1, 3),  # OMP wins
+])
+def test_ranks_in_one_slurm_task_share_its_cpus(launch, cpus, workers, threads):
+    from hpcddp.distributed import cpu_threads
+    env = resolve_env(launch, cuda_devices=lambda: 0)
+    assert default_num_workers(env, cpus) == workers
+    assert cpu_threads(env, cpus) == threads
+
+
+class NoisyDataset(torch.utils.data.Dataset):
+    """Draws from the global RNG in __getitem__, as augmentations do."""
+
+    def __init__(self):
+        gen = torch.Generator().manual_seed(3)
+        self.x, self.y = torch.randn(256, 16, generator=gen), torch.randint(0, 4, (256,),
+                                                                              generator=gen)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i] + 0.1 * torch.randn(16), self.y[i]
+
+
+def noisy_data():
+    return NoisyDataset()
+
+
+def test_resume_is_exact_with_a_dataset_that_draws_random_numbers(tmp_path):
+    from examples.quickstart import make_model
+    common = [*SMALL, "data.kwargs={}", "train.epochs=2"]
+    straight = load_config(CONFIG, [f"run.dir={tmp_path}/a", *common])
+    expected = Trainer(make_model, noisy_data, straight).fit(resolve_env({}))
+    for stop in ("train.stop_after_steps=5", "train.stop_after_steps=0"):
+        config = load_config(CONFIG, [f"run.dir={tmp_path}/b", *common, stop])
+        got = Trainer(make_model, noisy_data, config).fit(resolve_env({}))
+    assert got["weights_sha256"] == expected["weights_sha256"]
+
+
+def test_max_steps_beyond_one_epoch_runs_them_all(tmp_path):
+    config = load_config(CONFIG, [f"run.dir={tmp_path}", *SMALL, "train.epochs=1",
+                                  "train.max_steps=70"])  # 32 steps per epoch here
+    result = Trainer(config=config).fit(resolve_env({}))
+    assert result["steps"] == 70 and result["epochs"] == 3
