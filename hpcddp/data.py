@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from hpcddp.config import DataConfig
-from hpcddp.environments import DistEnv
+from hpcddp.environments import DistEnv, cpus_for_this_rank
 
 
 class ResumableSampler(Sampler[int]):
@@ -52,16 +52,14 @@ class EvalShard(Sampler[int]):
 
 
 def default_num_workers(env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
-    """Workers per rank: the CPUs Slurm gave this task, else this node's cores shared by its ranks.
+    """Workers per rank: this rank's share of its Slurm task's CPUs, else of this node's cores.
 
     One CPU stays with the training process itself.
     """
     environ = os.environ if environ is None else environ
-    cpus = environ.get("SLURM_CPUS_PER_TASK") or environ.get("SRUN_CPUS_PER_TASK")
-    if cpus and cpus.isdigit():
-        # torchrun runs all of a node's ranks inside one Slurm task: they share its CPUs
-        shared_by = env.local_world_size if env.launcher == "torchrun" else 1
-        return max(int(cpus) // shared_by - 1, 0)
+    cpus = cpus_for_this_rank(env, environ)
+    if cpus is not None:
+        return max(cpus - 1, 0)
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     return max(cores // max(env.local_world_size, 1) - 1, 0)
 

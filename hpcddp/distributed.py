@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from hpcddp.environments import DistEnv
+from hpcddp.environments import DistEnv, cpus_for_this_rank
 from hpcddp.errors import DistributedError
 
 log = logging.getLogger(__name__)
@@ -44,18 +44,17 @@ def restore_env(previous: dict[str, str | None]) -> None:
 
 
 def cpu_threads(env: DistEnv, environ=os.environ) -> int:
-    """Intra-op threads per rank: what Slurm gave the task, else this node's cores shared out.
+    """Intra-op threads per rank: OMP_NUM_THREADS, else this rank's share of its Slurm task's
+    CPUs (`cpus_for_this_rank`), else of this node's cores.
 
     torch defaults to every core in every process; K ranks on one node then fight over the
     cores and a 2-process run can be 10x slower than one process.
     """
     if environ.get("OMP_NUM_THREADS", "").isdigit():
         return max(int(environ["OMP_NUM_THREADS"]), 1)
-    for name in ("SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK"):
-        value = environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            shared_by = env.local_world_size if env.launcher == "torchrun" else 1
-            return max(int(value) // shared_by, 1)
+    cpus = cpus_for_this_rank(env, environ)
+    if cpus is not None:
+        return cpus
     return max((os.cpu_count() or 1) // max(env.local_world_size, 1), 1)
 
 

@@ -16,7 +16,6 @@ from hpcddp import hostlist
 from hpcddp.errors import HostlistError, LaunchError
 from hpcddp.ports import derive_port
 
-LAUNCHERS = ("torchrun", "slurm", "local", "single")
 BACKENDS = ("gloo", "nccl")
 
 
@@ -43,11 +42,6 @@ class DistEnv:
     def is_main(self) -> bool:
         """True on the one process that writes files and prints."""
         return self.rank == 0
-
-    @property
-    def is_local_main(self) -> bool:
-        """True on the first process of each node (node-local storage work)."""
-        return self.local_rank == 0
 
     @property
     def distributed(self) -> bool:
@@ -127,7 +121,8 @@ class TorchrunContext:
                 "torchrun: MASTER_ADDR and MASTER_PORT must both be set next to RANK="
                 f"{rank} and WORLD_SIZE={world_size}. HINT: {_HINTS['torchrun']}"
             )
-        node_rank = int(environ.get("GROUP_RANK", rank // max(local_world, 1)))
+        node_rank = (_int(environ, "GROUP_RANK", "torchrun") if environ.get("GROUP_RANK")
+                     else rank // max(local_world, 1))
         return DistEnv(
             rank=rank, local_rank=local_rank, world_size=world_size,
             local_world_size=local_world, node_rank=node_rank,
@@ -158,6 +153,8 @@ class SlurmStepContext:
         per_node = parse_tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
         _check_step_geometry(world_size, nodes, per_node, node_rank)
         addr, port = _explicit_master(environ, "slurm")
+        if addr is None and rank == 0:
+            _check_rank0_on_first_host(nodes, node_rank)
         job_id = environ.get("SLURM_JOB_ID", "")
         if port is None:
             port = derive_port(job_id, environ.get("SLURM_STEP_ID", "0"),
@@ -179,6 +176,16 @@ def _step_nodes(environ: Mapping[str, str]) -> list[str]:
         return hostlist.expand(expr)
     except HostlistError as err:
         raise LaunchError(f"slurm: SLURM_STEP_NODELIST={expr!r}: {err}") from None
+
+
+def _check_rank0_on_first_host(nodes: list[str], node_rank: int) -> None:
+    """The derived master is the step's first host: only rank 0 can tell if it runs elsewhere."""
+    if node_rank != 0:
+        raise LaunchError(
+            f"slurm: rank 0 runs on node {node_rank} ({nodes[node_rank]}) of the step, not on "
+            f"its first host {nodes[0]}, where the other ranks will look for it (arbitrary "
+            "distribution or SLURM_HOSTFILE?). HINT: use --distribution=block or cyclic, or "
+            "export MASTER_ADDR=<host of rank 0>.")
 
 
 def _check_step_geometry(world: int, nodes: list[str], per_node: list[int], node: int) -> None:
@@ -298,6 +305,54 @@ def choose_device(local_rank: int, visible: int) -> str:
     return "cuda:0" if visible == 1 else f"cuda:{local_rank % visible}"
 
 
+def cpus_for_this_rank(env: DistEnv, environ: Mapping[str, str]) -> int | None:
+    """The CPUs this rank may use of those Slurm gave its task, or None when Slurm says nothing.
+
+    Only a Slurm step runs one rank per task; torchrun, ``hpcddp train --nproc`` and submitit's
+    local executor run all of a node's ranks inside one task, so they share its CPUs.
+    """
+    for name in ("SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK"):
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            shared_by = 1 if env.launcher == "slurm" else max(env.local_world_size, 1)
+            return max(int(value) // shared_by, 1)
+    return None
+
+
+def _device(environ: Mapping[str, str], local_rank: int,
+            cuda_devices: Callable[[], int]) -> tuple[str, int]:
+    """This rank's device and the GPU count it was chosen from (0 when none was counted).
+
+    ``HPCDDP_DEVICE=cuda`` without an index means "CUDA, the usual choice of index", not
+    ``cuda:0`` for every rank; an explicit device such as ``cpu`` or ``cuda:1`` is taken as is.
+    """
+    wanted = environ.get("HPCDDP_DEVICE")
+    if wanted and wanted != "cuda":
+        return wanted, 0
+    visible = cuda_devices()
+    if wanted == "cuda" and visible <= 0:
+        raise LaunchError("HPCDDP_DEVICE=cuda but this process sees no GPU. HINT: request GPUs "
+                          "(--gpus-per-node), check CUDA_VISIBLE_DEVICES, or unset HPCDDP_DEVICE.")
+    return choose_device(local_rank, visible), visible
+
+
+def _check_gpu_per_rank(p: DistEnv, visible: int, environ: Mapping[str, str]) -> None:
+    """Refuse a node with more NCCL ranks than GPUs: two ranks on one GPU hang NCCL.
+
+    Ranks that share one task (torchrun, a local launch) see the same GPUs, so fewer GPUs than
+    ranks means sharing. A Slurm task may instead be bound to GPUs of its own: one visible GPU,
+    or ``--gpus-per-task``, says nothing about its neighbours, so those are let through.
+    """
+    if not 0 < visible < p.local_world_size:
+        return
+    if p.launcher == "slurm" and (visible == 1 or environ.get("SLURM_GPUS_PER_TASK")):
+        return
+    raise LaunchError(
+        f"{p.launcher}: {p.local_world_size} ranks on this node but this rank sees only "
+        f"{visible} GPU(s), so ranks would share a GPU and NCCL would hang. HINT: request one "
+        "GPU per rank (`--gpus-per-task=1`), or start fewer tasks per node.")
+
+
 def _check_placement(p: DistEnv) -> None:
     """Refuse inconsistent numbers here rather than hang in init_process_group."""
     problems = []
@@ -320,17 +375,20 @@ def resolve_env(
 ) -> DistEnv:
     """Resolve this process's place in the job from its environment (``os.environ`` by default).
 
-    ``HPCDDP_DEVICE`` (e.g. ``cpu``) and ``HPCDDP_BACKEND`` (``gloo``/``nccl``) override the
-    automatic choice of nccl on CUDA and gloo otherwise.
+    ``HPCDDP_DEVICE`` (``cpu``, ``cuda`` for the usual GPU choice, or ``cuda:N``) and
+    ``HPCDDP_BACKEND`` (``gloo``/``nccl``) override the automatic choice of nccl on CUDA and
+    gloo otherwise.
     """
     environ = os.environ if environ is None else environ
     context = next(c for c in CONTEXTS if c.detect(environ))
     placement = context.resolve(environ)
     _check_placement(placement)
-    device = environ.get("HPCDDP_DEVICE") or choose_device(placement.local_rank, cuda_devices())
+    device, visible = _device(environ, placement.local_rank, cuda_devices)
     backend = environ.get("HPCDDP_BACKEND") or ("nccl" if device.startswith("cuda") else "gloo")
     if backend not in BACKENDS:
         raise LaunchError(f"HPCDDP_BACKEND={backend!r} is not one of {BACKENDS}. "
                           "HINT: unset it to choose automatically.")
+    if backend == "nccl":
+        _check_gpu_per_rank(placement, visible, environ)
     return dataclasses.replace(placement, hostname=hostname or socket.gethostname(),
                                device=device, backend=backend)

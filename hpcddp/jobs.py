@@ -11,19 +11,7 @@ import sys
 
 from hpcddp.errors import ConfigError
 from hpcddp.job_status import job_status, log_paths
-
-_SUBMIT_OPTIONS = (  # (flag, SlurmConfig field, type, help)
-    ("--nodes", "nodes", int, "number of nodes"),
-    ("--tasks-per-node", "tasks_per_node", int, "tasks (ranks) per node"),
-    ("--gpus-per-node", "gpus_per_node", int, "GPUs per node"),
-    ("--cpus-per-task", "cpus_per_task", int, "CPUs per task"),
-    ("--mem-gb", "mem_gb", float, "memory per node in GB"),
-    ("--time", "time_min", int, "time limit in minutes"),
-    ("--partition", "partition", str, "Slurm partition"),
-    ("--account", "account", str, "Slurm account"),
-    ("--qos", "qos", str, "Slurm QOS"),
-    ("--job-name", "job_name", str, "job name"),
-)
+from hpcddp.jobscript import OPTIONS, add_slurm_options
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -41,10 +29,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise ConfigError("no config given. HINT: hpcddp submit examples/quickstart.yaml "
                           "[--nodes N ...] [key=value ...]")
     options = {}
-    for _, field, _, _ in _SUBMIT_OPTIONS:
-        value = getattr(more, field) if getattr(more, field) is not None else getattr(args, field)
+    for name, option in OPTIONS.items():
+        value = getattr(more, name) if getattr(more, name) is not None else getattr(args, name)
         if value is not None:
-            options[field] = value
+            options[option.field] = value
     job = submit(config_path, overrides, cluster=more.cluster or args.cluster, **options)
     job_name = f"local-{job.job_id}" if _is_local(job) else job.job_id
     print(job_name, flush=True)
@@ -54,9 +42,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _add_submit_options(parser: argparse.ArgumentParser) -> None:
-    for flag, field, kind, text in _SUBMIT_OPTIONS:
-        parser.add_argument(flag, dest=field, type=kind,
-                            help=f"{text} (default: the config's slurm.{field})")
+    add_slurm_options(parser)
     parser.add_argument("--cluster", choices=("slurm", "local"), default=None,
                         help="where to run (default: Slurm when sbatch and a controller answer, "
                         "else this machine)")

@@ -10,8 +10,8 @@ newline would start a new line of the script, so it is never allowed there.
 Preemption: Slurm signals the batch shell (``--signal=B:USR2@N``) before the time limit; the
 shell passes the signal on to ``srun``, which forwards it to every process of every task. The
 trainer checkpoints and requeues the job (``--requeue``) itself; where it cannot (no
-``scontrol`` inside its container) it exits with `EXIT_REQUEUE` and the batch shell, which
-runs outside the container, requeues the job instead.
+``scontrol`` inside its container) it exits with `exit_codes.STOPPED_NOT_REQUEUED` (75) and
+the batch shell, which runs outside the container, requeues the job instead.
 """
 
 import argparse
@@ -20,30 +20,51 @@ import re
 import shlex
 import subprocess
 import sys
+from typing import NamedTuple
 
-from hpcddp import __version__
+from hpcddp import __version__, exit_codes
 from hpcddp.config import Config, SlurmConfig
 from hpcddp.errors import ConfigError, HpcddpError, LaunchError
 
-# CLI option -> SlurmConfig field it overrides (options are named as sbatch names them).
+
+class SlurmOption(NamedTuple):
+    """A command-line option that overrides one field of the config's slurm section."""
+
+    field: str  # the SlurmConfig field
+    kind: type
+    metavar: str
+    text: str
+
+
+# The options of both `hpcddp sbatch` and `hpcddp submit`, named as sbatch names them
+# (``time`` sets ``time_min``); ``--tasks-per-node`` for the dict key ``tasks_per_node``.
 OPTIONS = {
-    "nodes": "nodes", "tasks_per_node": "tasks_per_node", "gpus_per_node": "gpus_per_node",
-    "cpus_per_task": "cpus_per_task", "partition": "partition", "time": "time_min",
-    "account": "account", "qos": "qos", "job_name": "job_name",
+    "nodes": SlurmOption("nodes", int, "N", "number of nodes"),
+    "tasks_per_node": SlurmOption("tasks_per_node", int, "N", "tasks (ranks) per node"),
+    "gpus_per_node": SlurmOption("gpus_per_node", int, "N", "GPUs per node"),
+    "cpus_per_task": SlurmOption("cpus_per_task", int, "N", "CPUs per task"),
+    "mem_gb": SlurmOption("mem_gb", float, "GB", "memory per node in GB"),
+    "time": SlurmOption("time_min", int, "MINUTES", "time limit in minutes"),
+    "partition": SlurmOption("partition", str, "PARTITION", "Slurm partition"),
+    "account": SlurmOption("account", str, "ACCOUNT", "Slurm account"),
+    "qos": SlurmOption("qos", str, "QOS", "Slurm QOS"),
+    "job_name": SlurmOption("job_name", str, "NAME", "job name"),
 }
-# sbatch options the script sets from named fields; `extra` may not set them a second time.
-_OWN = {"job-name": "job_name", "nodes": "nodes", "ntasks-per-node": "tasks_per_node",
-        "gpus-per-node": "gpus_per_node", "cpus-per-task": "cpus_per_task", "mem": "mem_gb",
-        "time": "time_min", "partition": "partition", "account": "account", "qos": "qos",
-        "output": "", "open-mode": "", "signal": "signal_delay_s", "requeue": ""}
+
+# sbatch options that hpcddp sets itself (here, or through submitit in `hpcddp.submission`),
+# each with the slurm field that sets it ("" when none does); `slurm.extra` may not repeat them.
+OWN_OPTIONS = {
+    "job-name": "job_name", "nodes": "nodes", "ntasks-per-node": "tasks_per_node",
+    "gpus-per-node": "gpus_per_node", "cpus-per-task": "cpus_per_task", "mem": "mem_gb",
+    "time": "time_min", "partition": "partition", "account": "account", "qos": "qos",
+    "signal": "signal_delay_s", "output": "", "error": "", "open-mode": "", "array": "",
+    "requeue": "",
+}
 _EXTRA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*")
 # What sbatch's #SBATCH parser passes through unchanged: printable ASCII without whitespace,
 # quotes, backslash or '#'.
 _SBATCH_VALUE = re.compile(r"[!$%&(-\[\]-~]+")
 _SBATCH_UNSAFE = " \"#'\\"
-# The trainer's exit status for "stopped with a checkpoint, requeue me"
-# (EX_TEMPFAIL; hpcddp.preemption.EXIT_STOPPED_NOT_REQUEUED).
-EXIT_REQUEUE = 75
 _OVERRIDE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 _PREAMBLE = """\
@@ -79,7 +100,7 @@ while :; do
 done
 # The trainer exits 75 when it stopped for the time limit with a checkpoint saved but could
 # not requeue the job itself (no scontrol in its container); this shell runs outside it.
-if ((status == {EXIT_REQUEUE})); then
+if ((status == {exit_codes.STOPPED_NOT_REQUEUED})); then
     echo "hpcddp: the step stopped to be requeued; requeueing job $SLURM_JOB_ID" >&2
     scontrol requeue "$SLURM_JOB_ID" || echo "hpcddp: requeue failed; resubmit to resume" >&2
 fi
@@ -112,8 +133,17 @@ def _with_options(slurm: SlurmConfig, options: dict) -> SlurmConfig:
     if unknown:
         raise ConfigError(f"unknown sbatch option {unknown[0]!r}; valid options: "
                           f"{', '.join(OPTIONS)}.")
-    changes = {OPTIONS[k]: v for k, v in options.items() if v is not None}
+    changes = {OPTIONS[k].field: v for k, v in options.items() if v is not None}
     return dataclasses.replace(slurm, **changes)
+
+
+def refuse_own_option(name: str) -> None:
+    """Refuse a ``slurm.extra`` option that hpcddp already sets (``mail_type`` is ``mail-type``)."""
+    option = name.replace("_", "-")
+    if option in OWN_OPTIONS:
+        field = OWN_OPTIONS[option]
+        fix = f"set slurm.{field} instead" if field else "hpcddp sets it; remove it"
+        raise ConfigError(f"slurm.extra.{name} would set --{option} twice. HINT: {fix}.")
 
 
 def _extra_lines(extra: dict) -> list[str]:
@@ -123,10 +153,7 @@ def _extra_lines(extra: dict) -> list[str]:
         if not isinstance(name, str) or not _EXTRA_NAME.fullmatch(name):
             raise ConfigError(f"slurm.extra option name {name!r} is not an sbatch option name. "
                               "HINT: letters, digits and dashes, as in mail-type: END.")
-        if name in _OWN:
-            field = _OWN[name]
-            fix = f"set slurm.{field} instead" if field else "hpcddp sets it; remove it"
-            raise ConfigError(f"slurm.extra.{name} would set --{name} twice. HINT: {fix}.")
+        refuse_own_option(name)
         if value is True or value is None or value == "":
             lines.append(f"--{name}")
         elif value is not False:
@@ -246,6 +273,14 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_slurm_options(parser: argparse.ArgumentParser) -> None:
+    """One ``--option`` per entry of `OPTIONS`, stored under the option's name."""
+    for name, option in OPTIONS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=option.kind,
+                            metavar=option.metavar,
+                            help=f"{option.text} (default: the config's slurm.{option.field})")
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``hpcddp sbatch`` on the CLI's subparsers."""
     parser = subparsers.add_parser(
@@ -255,12 +290,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "overrides.")
     parser.add_argument("items", nargs="*", metavar="CONFIG [key=value]",
                         help="a YAML config and overrides such as optim.lr=0.01")
-    for name, field in OPTIONS.items():
-        kind = int if isinstance(SlurmConfig.__dataclass_fields__[field].default, int) else str
-        metavar = {"time": "MINUTES", "job_name": "NAME"}.get(name, "N" if kind is int else
-                                                               name.upper())
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar=metavar,
-                            help=f"overrides slurm.{field}")
+    add_slurm_options(parser)
     parser.add_argument("--python", default=sys.executable,
                         help="the Python the job runs (default: this one, %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")

@@ -10,6 +10,7 @@ Layout::
 """
 
 import json
+import logging
 import pathlib
 import time
 
@@ -19,11 +20,15 @@ from hpcddp.atomic import atomic_write_text
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 # Keys that may change between a run and its resumption without changing what is computed.
+# run.dir and run.name: the same directory may be reached by another spelling of its path.
+# Not data.num_workers: a dataset that draws randomness in its workers changes with their count.
 RESUMABLE_CHANGES = {
-    ("run", "resume"), ("run", "force"), ("train", "stop_after_steps"),
-    ("train", "stop_before_end_s"),
-    ("train", "log_every_steps"), ("data", "num_workers"), ("dist", "timeout_s"),
+    ("run", "dir"), ("run", "name"), ("run", "resume"), ("run", "force"),
+    ("train", "stop_after_steps"), ("train", "stop_before_end_s"),
+    ("train", "log_every_steps"), ("dist", "timeout_s"),
     ("slurm",),
 }
 
@@ -84,9 +89,22 @@ class MetricsLog:
         """Forget what an interrupted run logged after its last checkpoint."""
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        kept = [line for number, line in enumerate(self.path.read_text().splitlines(), 1)
+                if line.strip() and self._step_of(line, number) <= step]
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+
+    def _step_of(self, line: str, number: int) -> float:
+        """The line's step; an unreadable line (cut short by a crash or a full disk) is dropped."""
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            log.warning("%s line %d is not a JSON record (cut short?); dropping it",
+                        self.path, number)
+            return float("inf")
+        step = record.get("step", 0)
+        return step if isinstance(step, (int, float)) else 0
 
     def write(self, **record) -> None:
         """One JSON line, with wall time since this process started logging."""

@@ -31,19 +31,12 @@ from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 from hpcddp import job_index, slurm_queue
 from hpcddp.config import Config, SlurmConfig, apply_overrides, from_dict, load_config
 from hpcddp.errors import ConfigError, LaunchError
+from hpcddp.jobscript import refuse_own_option
 
 log = logging.getLogger(__name__)
 
 CLUSTERS = ("slurm", "local")
 SLURM_OPTIONS = tuple(field.name for field in dataclasses.fields(SlurmConfig))
-# sbatch options that named slurm fields (or hpcddp itself) set; `extra` must not repeat them.
-_EXTRA_TAKEN = {
-    "job-name": "job_name", "nodes": "nodes", "ntasks-per-node": "tasks_per_node",
-    "gpus-per-node": "gpus_per_node", "cpus-per-task": "cpus_per_task", "mem": "mem_gb",
-    "time": "time_min", "partition": "partition", "account": "account", "qos": "qos",
-    "signal": "signal_delay_s", "output": "", "error": "", "open-mode": "", "array": "",
-    "requeue": "",
-}
 
 
 class TrainTask:
@@ -168,12 +161,7 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
 def _check_extra(extra: Mapping[str, Any]) -> None:
     """Refuse extra sbatch options that would contradict the named ones."""
     for name, value in extra.items():
-        option = str(name).replace("_", "-")
-        if option in _EXTRA_TAKEN:
-            field = _EXTRA_TAKEN[option]
-            fix = f"set slurm.{field} instead" if field else "hpcddp sets it; remove it"
-            raise ConfigError(f"slurm.extra sets --{option}, which hpcddp already sets. "
-                              f"HINT: {fix}.")
+        refuse_own_option(str(name))
         if not isinstance(value, (str, int, float, bool)):
             raise ConfigError(f"slurm.extra.{name} must be a string, number or true, got "
                               f"{type(value).__name__}. HINT: e.g. extra: {{constraint: a100}}.")

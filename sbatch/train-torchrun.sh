@@ -5,12 +5,18 @@
 # Processes per node: NPROC_PER_NODE if set, else one per GPU Slurm gave the node
 # (--gpus-per-node), else one per CPU of the node's task (--cpus-per-task; each then gets one
 # CPU). Node count, host and port come from Slurm; nothing here repeats them.
+# Time limit: torchrun's agent does not forward SIGUSR2 to its workers, so no --signal here;
+# the trainer keeps its own deadline instead (train.stop_before_end_s before the job's end
+# time, which it reads from Slurm), then stops, checkpoints and requeues the job (--requeue),
+# whose rerun resumes and appends to the same output file (--open-mode=append).
 #SBATCH --job-name=hpcddp-torchrun
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=2
 #SBATCH --time=01:00:00
 #SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
 set -euo pipefail
 
 # The Python that was active at submission (sbatch exports PATH); override to pin another.

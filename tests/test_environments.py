@@ -162,7 +162,7 @@ def test_cuda_means_nccl_and_both_are_overridable():
 
 
 def test_resolution_never_touches_cuda_visible_devices():
-    environ = slurm_step(1, 1, 0, CUDA_VISIBLE_DEVICES="2,3")
+    environ = slurm_step(4, 1, 1, CUDA_VISIBLE_DEVICES="2,3")  # node 1: 2 ranks, 2 GPUs
     before = dict(environ)
     resolve(environ, gpus=2)
     assert environ == before
@@ -184,3 +184,54 @@ def test_ports_are_deterministic_distinct_per_step_and_outside_ephemeral_range()
         assert len(ports) == 8
         assert all(p < EPHEMERAL_RANGE[0] and p >= 1024 for p in ports)
     assert derive_port("55", "0", "1") != derive_port("55", "0", "2")
+
+
+def test_rank_zero_off_the_first_host_needs_an_explicit_master():
+    # --distribution=arbitrary / SLURM_HOSTFILE: rank 0 placed on the step's second node
+    with pytest.raises(LaunchError, match=r"rank 0 runs on node 1 \(rack1-node02\).*HINT: "
+                       r".*block.*MASTER_ADDR=<host of rank 0>"):
+        resolve(slurm_step(0, 0, 1))
+    env = resolve(slurm_step(0, 0, 1, MASTER_ADDR="rack1-node02"))
+    assert (env.rank, env.master_addr) == (0, "rack1-node02")
+
+
+def test_malformed_group_rank_is_explained():
+    environ = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "n1", "MASTER_PORT": "29400"}
+    assert resolve(environ).node_rank == 0  # no GROUP_RANK: derived from the rank
+    with pytest.raises(LaunchError, match=r"torchrun: GROUP_RANK='one' is not an integer\. HINT"):
+        resolve({**environ, "GROUP_RANK": "one"})
+
+
+def test_bare_cuda_device_chooses_the_index_as_usual():
+    assert resolve(slurm_step(4, 1, 1, HPCDDP_DEVICE="cuda"), gpus=2).device == "cuda:1"
+    assert resolve(slurm_step(4, 1, 1, HPCDDP_DEVICE="cuda:0"), gpus=2).device == "cuda:0"
+    with pytest.raises(LaunchError, match="HPCDDP_DEVICE=cuda but this process sees no GPU"):
+        resolve(slurm_step(4, 1, 1, HPCDDP_DEVICE="cuda"), gpus=0)
+
+
+def torchrun_rank(local_rank, local_world, **extra):
+    return {"RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "8",
+            "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": "n1", "MASTER_PORT": "29400",
+            **extra}
+
+
+@pytest.mark.parametrize("environ, gpus", [
+    (torchrun_rank(3, 4), 2),  # torchrun: a node's ranks see the same GPUs
+    ({"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": "3"}, 1),
+    (slurm_step(0, 0, 0), 2),  # 3 tasks on node 0, each sees the same 2 GPUs
+])
+def test_more_nccl_ranks_than_gpus_on_a_node_is_refused(environ, gpus):
+    with pytest.raises(LaunchError, match=r"ranks on this node but this rank sees only "
+                       rf"{gpus} GPU\(s\).*HINT: .*--gpus-per-task=1"):
+        resolve(environ, gpus=gpus)
+
+
+@pytest.mark.parametrize("environ, gpus", [
+    (torchrun_rank(3, 4, HPCDDP_BACKEND="gloo"), 2),  # gloo does not care
+    (torchrun_rank(3, 4), 4),
+    (slurm_step(0, 0, 0), 1),  # Slurm bound one GPU to each task
+    (slurm_step(0, 0, 0, SLURM_GPUS_PER_TASK="2"), 2),
+])
+def test_enough_gpus_or_bound_gpus_are_accepted(environ, gpus):
+    assert resolve(environ, gpus=gpus).device.startswith("cuda")

@@ -18,7 +18,7 @@ import time
 import pytest
 import yaml
 
-from hpcddp import jobscript
+from hpcddp import exit_codes, jobscript
 from hpcddp.config import from_dict, load_config
 from hpcddp.errors import ConfigError, HpcddpError, LaunchError
 from tests.helpers import REPO, run_cli, summary
@@ -264,7 +264,7 @@ while :; do sleep 0.05; done
 
 
 @pytest.mark.parametrize("sig, step_exit, requeued", [
-    (signal.SIGUSR2, jobscript.EXIT_REQUEUE, True),  # stopped, could not requeue itself
+    (signal.SIGUSR2, exit_codes.STOPPED_NOT_REQUEUED, True),  # stopped, could not requeue itself
     (signal.SIGUSR2, 0, False),  # stopped and requeued itself (or finished)
     (signal.SIGTERM, 7, False),  # failed while stopping
 ])
@@ -288,7 +288,7 @@ def test_signal_reaches_the_step_and_exit_75_requeues(stubs, tmp_path, sig, step
 
 def test_requeue_status_is_the_trainers():
     preemption = pytest.importorskip("hpcddp.preemption")
-    assert jobscript.EXIT_REQUEUE == preemption.EXIT_STOPPED_NOT_REQUEUED
+    assert exit_codes.STOPPED_NOT_REQUEUED == preemption.EXIT_STOPPED_NOT_REQUEUED == 75
 
 
 # --- the subcommand, with a stub sbatch ------------------------------------------------------
@@ -473,3 +473,35 @@ def test_usr2_to_the_batch_shell_reaches_every_task_and_requeues(slurm_cluster, 
         assert "Restarts=1" in fields.split()
     finally:
         slurm_cluster.run("scancel", job_id, check=False)
+
+
+def test_sbatch_takes_mem_gb_and_the_same_options_as_submit(tmp_path, monkeypatch):
+    from hpcddp import jobs
+    from hpcddp.config import SlurmConfig
+    assert {o.field for o in jobscript.OPTIONS.values()} <= set(SlurmConfig.__dataclass_fields__)
+    monkeypatch.chdir(REPO)
+    parser = argparse.ArgumentParser(prog="hpcddp")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    jobscript.add_parser(subparsers)
+    jobs.add_parsers(subparsers)
+    sbatch = parser.parse_args(["sbatch", "examples/quickstart.yaml", "--mem-gb", "1.5"])
+    submit = parser.parse_args(["submit", "--mem-gb", "1.5", "examples/quickstart.yaml"])
+    assert sbatch.mem_gb == submit.mem_gb == 1.5
+    script = jobscript.render(load_config("examples/quickstart.yaml"), "examples/quickstart.yaml",
+                              [], options={"mem_gb": 1.5})
+    assert "--mem=1536M" in sbatch_lines(script) and "--mem-gb=1.5" in script.splitlines()[1]
+
+
+@pytest.mark.parametrize("name, message", [
+    ("error", "would set --error twice. HINT: hpcddp sets it"),
+    ("array", "would set --array twice"),
+    ("job_name", "slurm.extra.job_name would set --job-name twice. HINT: set slurm.job_name"),
+])
+def test_one_table_of_own_options_for_sbatch_and_submit(name, message):
+    from hpcddp import submission
+    from hpcddp.config import SlurmConfig
+    with pytest.raises(ConfigError, match=message):
+        submission.executor_parameters(SlurmConfig(extra={name: "x"}))
+    if "_" not in name:  # sbatch refuses underscores in option names before anything else
+        with pytest.raises(ConfigError, match=message):
+            render(slurm_config(extra={name: "x"}))

@@ -118,3 +118,13 @@ def test_torchrun_two_nodes_matches_srun_weights(slurm_cluster, tmp_path):
     assert srun["world_size"] == 4 and srun["launcher"] == "slurm"
     assert torchrun["steps"] == srun["steps"]
     assert torchrun["weights_sha256"] == srun["weights_sha256"]
+
+
+def test_requeued_job_appends_and_relies_on_the_trainers_deadline():
+    text = SCRIPT.read_text()
+    directives = [line.split(None, 1)[1] for line in text.splitlines()
+                  if line.startswith("#SBATCH")]
+    assert "--open-mode=append" in directives and "--requeue" in directives
+    # torchrun does not forward SIGUSR2, so a --signal would only reach the agent
+    assert not any(d.startswith("--signal") for d in directives)
+    assert "does not forward SIGUSR2" in text and "train.stop_before_end_s" in text

@@ -84,7 +84,7 @@ def test_stops_before_the_time_limit_without_any_signal(tmp_path):
     end = time.time() + 30  # what Slurm's SLURM_JOB_END_TIME / squeue %e would say
     launcher = subprocess.Popen(
         [sys.executable, "-m", "hpcddp", "train", CONFIG, f"run.dir={run_dir}", *LONG,
-         "train.stop_before_end_s=20", "--nproc", "2"], cwd=REPO, stdout=subprocess.PIPE,
+         "train.stop_before_end_s=20", "train.epochs=1000", "--nproc", "2"], cwd=REPO, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, env={**os.environ, "SLURM_JOB_END_TIME": str(int(end))})
     output, _ = launcher.communicate(timeout=120)
     assert launcher.returncode == preemption.EXIT_STOPPED_NOT_REQUEUED, output[-3000:]
