@@ -20,7 +20,6 @@ import re
 import secrets
 import socket
 import ssl
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -32,7 +31,7 @@ from typing import IO, TYPE_CHECKING
 import torch.distributed as dist
 
 from hpcddp.errors import DownloadError, HpcddpError
-from hpcddp.progress import bar
+from hpcddp.progress import ProgressBar, bar
 
 if TYPE_CHECKING:
     from hpcddp.environments import DistEnv
@@ -42,7 +41,6 @@ log = logging.getLogger(__name__)
 SCHEMES = ("http", "https", "file")
 CHUNK_BYTES = 1 << 20
 SOCKET_TIMEOUT_S = 60.0  # one stalled read, not the whole download (that is timeout_s)
-REDRAW_S = 0.1  # the progress bar is redrawn at most 10 times a second
 VISIBLE_WAIT_S = 10.0  # a shared file system may show another node's rename a little late
 
 _FETCH_HINT = (
@@ -353,34 +351,33 @@ def _await_visible(dest: pathlib.Path, local: bool) -> None:
 
 
 class _Progress:
-    """A one-line text bar on stderr, only on a terminal (a batch log would fill with redraws);
-    elsewhere one log line when done. Only the fetching rank ever makes one."""
+    """Download progress: a `ProgressBar` (drawn only on a terminal; a batch log would fill with
+    redraws), elsewhere one log line when done. Only the fetching rank ever makes one."""
 
     def __init__(self, name: str, total: int | None, enabled: bool = True,
                  stream: IO[str] | None = None) -> None:
         self.name, self.total, self.done = name, total, 0
-        self.stream = stream if stream is not None else sys.stderr
-        self.drawing = enabled and self.stream.isatty()
-        self.started = self.drawn = time.monotonic()
+        self.bar = ProgressBar(enabled, stream)
+        self.started = time.monotonic()
 
     def update(self, n_bytes: int) -> None:
-        """Count bytes; redraw if the last redraw is old enough."""
+        """Count bytes; the bar redraws when its last redraw is old enough."""
         self.done += n_bytes
-        now = time.monotonic()
-        if self.drawing and now - self.drawn >= REDRAW_S:
-            self.drawn = now
-            self.stream.write("\r" + bar_line(self.name, self.done, self.total, now - self.started))
-            self.stream.flush()
+        if self.bar.drawing:
+            self.bar.update(self._line())
 
     def close(self) -> None:
         """Final state: a last redraw and newline on a terminal, else a log line."""
+        if self.bar.drawing:
+            self.bar.update(self._line(), force=True)
+            self.bar.close()
+            return
         elapsed = time.monotonic() - self.started
-        if self.drawing:
-            self.stream.write("\r" + bar_line(self.name, self.done, self.total, elapsed) + "\n")
-            self.stream.flush()
-        else:
-            log.info("downloaded %s: %.1f MB in %.1f s (%.1f MB/s)", self.name, self.done / 1e6,
-                     elapsed, self.done / 1e6 / max(elapsed, 1e-9))
+        log.info("downloaded %s: %.1f MB in %.1f s (%.1f MB/s)", self.name, self.done / 1e6,
+                 elapsed, self.done / 1e6 / max(elapsed, 1e-9))
+
+    def _line(self) -> str:
+        return bar_line(self.name, self.done, self.total, time.monotonic() - self.started)
 
 
 def bar_line(name: str, done: int, total: int | None, elapsed_s: float, width: int = 30) -> str:

@@ -12,6 +12,7 @@ import os
 import pathlib
 from collections.abc import Mapping
 
+from hpcddp.atomic import atomic_write_text
 from hpcddp.errors import ConfigError
 
 
@@ -44,13 +45,11 @@ class JobRecord:
 
 
 def write_record(record: JobRecord, directory: pathlib.Path | None = None) -> pathlib.Path:
-    """Save one record (atomically: a reader never sees half a file)."""
+    """Save one record (atomically and durably: a reader never sees half a file)."""
     directory = directory or jobs_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{record.name}.json"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(dataclasses.asdict(record), indent=2) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(dataclasses.asdict(record), indent=2) + "\n")
     return path
 
 

@@ -7,6 +7,7 @@ runs every scenario in order and writes what it saw to a JSON file that the test
 import hashlib
 import io
 import json
+import logging
 import os
 import pathlib
 import socket
@@ -20,6 +21,7 @@ import pytest
 from hpcddp import fetch as dl
 from hpcddp.fetch import bar_line, download, main_process_first
 from hpcddp.errors import DownloadError
+from hpcddp.progress import ProgressBar
 from tests.helpers import REPO, LoopbackServer
 
 PAYLOAD = bytes(range(256)) * 4096 + b"tail"  # ~1 MiB, so streaming takes more than one chunk
@@ -145,7 +147,7 @@ def test_progress_bar_only_on_a_terminal(server, tmp_path, capsys):
     bar.update(1_000_000)
     bar.update(1_000_000)
     bar.close()
-    last = stream.getvalue().split("\r")[-1]
+    last = stream.getvalue().split("\r\033[K")[-1]  # drawn by hpcddp.progress.ProgressBar
     assert last.startswith("f.bin [" + "#" * 30 + "] 2.0/2.0 MB ") and last.endswith(" MB/s\n")
 
 
@@ -318,3 +320,24 @@ def test_a_failed_first_rank_fails_every_rank_quickly(gloo_run, scenario, words)
 
 if __name__ == "__main__":
     _worker(int(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3]))
+
+
+def test_download_progress_draws_through_the_shared_bar(caplog):
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    progress = dl._Progress("g.bin", None, stream=stream)
+    assert isinstance(progress.bar, ProgressBar) and not hasattr(dl, "REDRAW_S")
+    progress.update(500_000)
+    progress.update(500_000)  # within the bar's redraw interval: not drawn again
+    progress.close()
+    assert stream.getvalue().count("\r\033[K") == 2 and stream.getvalue().endswith("\n")
+
+    quiet = io.StringIO()  # not a terminal: nothing drawn, one log line at the end
+    with caplog.at_level(logging.INFO, logger="hpcddp.fetch"):
+        progress = dl._Progress("g.bin", 1_000_000, stream=quiet)
+        progress.update(1_000_000)
+        progress.close()
+    assert quiet.getvalue() == "" and "downloaded g.bin: 1.0 MB" in caplog.text

@@ -472,3 +472,13 @@ def test_without_sbatch_on_path_submit_runs_locally(tmp_path, monkeypatch):
                             [f"run.dir={tmp_path}/run", "train.max_steps=2"])
     assert isinstance(job, submission.LocalRun)
     assert job.result()["steps"] == 2
+
+
+def test_job_records_are_written_durably(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    record = make_record(tmp_path, job_id="91")
+    assert synced  # the data (and the directory) reach the disk before anyone reads the record
+    assert job_index.find_records("91") == [record]
+    assert [p.name for p in (tmp_path / "jobs").iterdir()] == ["91.json"]  # no temp left behind

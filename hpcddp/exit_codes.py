@@ -1,0 +1,14 @@
+"""The exit statuses of ``hpcddp`` commands, in one torch-free place.
+
+The generated batch script (`hpcddp.jobscript`) acts on them without importing torch, and the
+trainer and CLI return them; both must agree, so both read them from here.
+"""
+
+OK = 0
+FAILED = 1  # an error hpcddp explained (a message with a HINT)
+USAGE = 2  # bad command line or configuration, as argparse uses it
+# EX_TEMPFAIL: stopped for the time limit with a checkpoint saved, but the job could not be
+# requeued from inside (no scontrol there); run the same command again, or requeue, to resume.
+STOPPED_NOT_REQUEUED = 75
+INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, checkpoint saved
+TERMINATED = 143  # 128 + SIGTERM: scancel or the end of the job, not requeued
