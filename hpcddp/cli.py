@@ -10,6 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from hpcddp import exit_codes
 from hpcddp.errors import ConfigError, HpcddpError, HostlistError, LaunchError
 
 USAGE_ERRORS = (ConfigError, LaunchError, HostlistError)
@@ -29,26 +30,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train (or resume) the configured run in this process, or in --nproc local processes."""
     config_path, overrides = _split_config_and_overrides(args.items, args.config)
     from hpcddp.config import load_config
-    load_config(config_path, overrides)  # fail here, once, before starting any process
+    config = load_config(config_path, overrides)  # fail here, once, before any process starts
     if args.nproc:
         from hpcddp.local_launch import launch
         return launch(["train", *([config_path] if config_path else []), *overrides],
                       args.nproc)
     from hpcddp.trainer import Trainer
-    return exit_code(Trainer(config=load_config(config_path, overrides)).fit())
+    return exit_code(Trainer(config=config).fit())
 
 
 def exit_code(result: dict) -> int:
     """0 when finished, stopped on request or requeued; distinct codes for the other stops."""
-    from hpcddp import preemption
     if result.get("reason") == "interrupted":
-        return preemption.EXIT_INTERRUPTED
+        return exit_codes.INTERRUPTED
     if result.get("reason") == "terminated":
-        return preemption.EXIT_TERMINATED
+        return exit_codes.TERMINATED
     if result.get("reason") == "preempted" and not result.get("requeued"):
         print(f"hpcddp: stopped at step {result['step']} with a checkpoint but the job was not "
               "requeued. HINT: re-run the same command to resume.", file=sys.stderr)
-        return preemption.EXIT_STOPPED_NOT_REQUEUED
+        return exit_codes.STOPPED_NOT_REQUEUED
     return 0
 
 
@@ -99,20 +99,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "nproc", 0) < 0:
-        print("hpcddp: error: --nproc must be >= 1", file=sys.stderr)
-        return 2
+        print("hpcddp: error: --nproc must be >= 1 (or left out to train in this process)",
+              file=sys.stderr)
+        return exit_codes.USAGE
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except USAGE_ERRORS as err:
         print(f"hpcddp: error: {err}", file=sys.stderr)
-        return 2
+        return exit_codes.USAGE
     except HpcddpError as err:
         print(f"hpcddp: error: {err}", file=sys.stderr)
-        return 1
+        return exit_codes.FAILED
     except KeyboardInterrupt:
         print("hpcddp: interrupted", file=sys.stderr)
-        return 130
+        return exit_codes.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ log = logging.getLogger(__name__)
 
 # SIGUSR1 is avoided on purpose: NCCL may catch it (nccl#704). Slurm's --signal uses USR2 here.
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
-EXIT_STOPPED_NOT_REQUEUED = 75  # EX_TEMPFAIL: checkpoint saved, re-run the command to resume
-EXIT_INTERRUPTED = 130
 
 
 class StopFlag:
@@ -98,7 +96,6 @@ class StopVote:
 # Vote values, highest wins. Only a preemption (USR2, the time limit) requeues; SIGTERM is
 # also what `scancel` sends, and a cancelled job must stay cancelled, so it outranks all.
 CARRY_ON, STOP_REQUESTED, STOP_INTERRUPTED, STOP_PREEMPTED, STOP_TERMINATED = 0, 1, 2, 3, 4
-EXIT_TERMINATED = 143
 REASON_NAMES = {STOP_REQUESTED: "requested", STOP_INTERRUPTED: "interrupted",
                 STOP_TERMINATED: "terminated", STOP_PREEMPTED: "preempted"}
 

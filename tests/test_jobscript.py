@@ -287,8 +287,11 @@ def test_signal_reaches_the_step_and_exit_75_requeues(stubs, tmp_path, sig, step
 
 
 def test_requeue_status_is_the_trainers():
-    preemption = pytest.importorskip("hpcddp.preemption")
-    assert exit_codes.STOPPED_NOT_REQUEUED == preemption.EXIT_STOPPED_NOT_REQUEUED == 75
+    """The script requeues on exactly the status the CLI gives a stop it could not requeue."""
+    from hpcddp.cli import exit_code
+    stopped = {"stopped": True, "reason": "preempted", "requeued": False, "step": 3}
+    assert exit_code(stopped) == exit_codes.STOPPED_NOT_REQUEUED
+    assert f"status == {exit_codes.STOPPED_NOT_REQUEUED}" in render()
 
 
 # --- the subcommand, with a stub sbatch ------------------------------------------------------

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hpcddp import preemption
+from hpcddp import exit_codes
 from tests.helpers import REPO, summary
 from tests.test_trainer import CONFIG, SMALL, train_local
 
@@ -56,7 +56,7 @@ def test_ctrl_c_stops_every_rank_and_keeps_a_checkpoint(tmp_path):
     wait_for_step(run_dir, 30)
     os.killpg(launcher.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
     output, _ = launcher.communicate(timeout=60)
-    assert launcher.returncode == preemption.EXIT_INTERRUPTED, output[-3000:]
+    assert launcher.returncode == exit_codes.INTERRUPTED, output[-3000:]
     assert "Traceback" not in output
     assert checkpoint_steps(run_dir)[-1] > 30
     assert not (run_dir / "summary.json").exists()
@@ -72,7 +72,7 @@ def test_signal_reaching_one_rank_stops_all_at_the_same_step(tmp_path):
     assert len(pids) == 2
     os.kill(pids[1], signal.SIGUSR2)  # only one rank hears it; no deadlock, same stop step
     output, _ = launcher.communicate(timeout=60)
-    assert launcher.returncode == preemption.EXIT_STOPPED_NOT_REQUEUED, output[-3000:]
+    assert launcher.returncode == exit_codes.STOPPED_NOT_REQUEUED, output[-3000:]
     assert "not a Slurm job, nothing to requeue" in output
     assert "re-run the same command to resume" in output
     finish_and_compare(tmp_path, run_dir)
@@ -87,7 +87,7 @@ def test_stops_before_the_time_limit_without_any_signal(tmp_path):
          "train.stop_before_end_s=20", "train.epochs=1000", "--nproc", "2"], cwd=REPO, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, env={**os.environ, "SLURM_JOB_END_TIME": str(int(end))})
     output, _ = launcher.communicate(timeout=120)
-    assert launcher.returncode == preemption.EXIT_STOPPED_NOT_REQUEUED, output[-3000:]
+    assert launcher.returncode == exit_codes.STOPPED_NOT_REQUEUED, output[-3000:]
     assert time.time() < end  # stopped before the limit, not killed at it
     assert "preempted at step" in output and "checkpoint saved" in output
     assert checkpoint_steps(run_dir)
