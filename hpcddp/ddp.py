@@ -27,6 +27,10 @@ def wrap(model: torch.nn.Module, cfg: Config, env: DistEnv,
     """(the module to optimize and save, its DDP wrapper); SyncBatchNorm only across ranks."""
     if cfg.train.sync_batchnorm and env.distributed:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if cfg.train.compile:
+        # in place, inside DDP: dynamo will not trace through DDP's own forward, and
+        # torch.compile(model) would prefix every checkpoint key with "_orig_mod."
+        model.compile()
     d = cfg.dist
     ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None,
               bucket_cap_mb=d.bucket_cap_mb, find_unused_parameters=d.find_unused_parameters,

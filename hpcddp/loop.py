@@ -73,7 +73,6 @@ class TrainingRun:
                               f"{env.world_size}). HINT: lower data.batch_size or drop_last.")
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.model, self.ddp = ddp.wrap(model, cfg, env, device)
-        self.forward = torch.compile(self.ddp) if cfg.train.compile else self.ddp
         self.loss_fn = getattr(self.model, "compute_loss", ddp.default_loss)
         self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, self.total_steps)
@@ -179,7 +178,7 @@ class TrainingRun:
             sync = contextlib.nullcontext() if i == window - 1 else self.ddp.no_sync()
             with sync:
                 with ddp.autocast(self.cfg.train.precision, self.device):
-                    loss = self.loss_fn(self.forward(inputs), targets) / window
+                    loss = self.loss_fn(self.ddp(inputs), targets) / window
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
         self._optimizer_step()
