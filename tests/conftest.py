@@ -42,6 +42,12 @@ class SlurmCluster:
                 return field.split("=", 1)[1]
         return "UNKNOWN"
 
+    def job_hosts(self, job_id: str) -> list[str]:
+        """The job's hosts in node order, as Slurm itself expands its node list."""
+        out = self.run("scontrol", "-o", "show", "job", job_id).stdout
+        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+        return self.run("scontrol", "show", "hostnames", fields["NodeList"]).stdout.split()
+
     def wait_for(self, job_id: str, states: set[str], timeout: float = 300) -> str:
         """Poll until the job reaches one of ``states``; return the state."""
         deadline = time.monotonic() + timeout

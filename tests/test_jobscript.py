@@ -383,13 +383,6 @@ QUICK = ["data.kwargs={train_size: 2048, eval_size: 512}", "data.batch_size=32",
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
-def job_hosts(cluster, job_id: str) -> list[str]:
-    """The job's hosts in node order, as Slurm itself expands its node list."""
-    fields = dict(f.split("=", 1) for f in cluster.run("scontrol", "-o", "show", "job",
-                                                       job_id).stdout.split() if "=" in f)
-    return cluster.run("scontrol", "show", "hostnames", fields["NodeList"]).stdout.split()
-
-
 @pytest.mark.slurm
 @pytest.mark.slow
 @needs_cli
@@ -408,7 +401,7 @@ def test_submits_a_two_node_job_from_another_directory(slurm_cluster, tmp_path):
     log = tmp_path / f"itest-sbatch-{job_id}.out"
     assert state == "COMPLETED", log.read_text()[-4000:] if log.exists() else "(no output)"
     result = summary(run_dir)
-    hosts = job_hosts(slurm_cluster, job_id)
+    hosts = slurm_cluster.job_hosts(job_id)
     assert len(hosts) == 2
     assert result["world_size"] == 4 and result["hosts"] == [h for h in hosts for _ in "ab"]
     assert result["launcher"] == "slurm" and result["job_id"] == job_id
@@ -467,7 +460,7 @@ def test_usr2_to_the_batch_shell_reaches_every_task_and_requeues(slurm_cluster, 
     log = tmp_path / f"itest-usr2-{job_id}.out"
     try:
         wait_for_text(log, "started", count=4)
-        hosts = job_hosts(slurm_cluster, job_id)  # a requeued job has no nodes any more
+        hosts = slurm_cluster.job_hosts(job_id)  # a requeued job has no nodes any more
         slurm_cluster.run("scancel", "--signal=USR2", "--batch", job_id)
         output = wait_for_text(log, f"requeueing job {job_id}", timeout=30)
         got = {line for line in output.splitlines() if "got USR2" in line}

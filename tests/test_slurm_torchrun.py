@@ -90,13 +90,6 @@ def finish(cluster, tmp_path, job_id: str) -> str:
     return output
 
 
-def job_hosts(cluster, job_id: str) -> list[str]:
-    """The job's hosts in node order, as Slurm itself expands its node list."""
-    fields = dict(f.split("=", 1) for f in cluster.run("scontrol", "-o", "show", "job",
-                                                       job_id).stdout.split() if "=" in f)
-    return cluster.run("scontrol", "show", "hostnames", fields["NodeList"]).stdout.split()
-
-
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_torchrun_two_nodes_matches_srun_weights(slurm_cluster, tmp_path):
@@ -108,7 +101,7 @@ def test_torchrun_two_nodes_matches_srun_weights(slurm_cluster, tmp_path):
     output = finish(slurm_cluster, tmp_path, torchrun_job)
     finish(slurm_cluster, tmp_path, srun_job)
 
-    hosts = job_hosts(slurm_cluster, torchrun_job)
+    hosts = slurm_cluster.job_hosts(torchrun_job)
     assert len(hosts) == 2
     torchrun, srun = summary(tmp_path / "torchrun"), summary(tmp_path / "srun")
     assert torchrun["world_size"] == 4 and torchrun["launcher"] == "torchrun"
