@@ -20,7 +20,7 @@ from hpcddp.errors import DistributedError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 300.0  # minutes, not gloo's 30-minute default: a hang should end soon
+DEFAULT_TIMEOUT_S = 300.0  # five minutes, not gloo's thirty: a hang should end soon
 
 
 def export_env(env: DistEnv) -> dict[str, str | None]:

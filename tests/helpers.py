@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -19,6 +20,28 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "hpcddp", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def wait_until(predicate, what: str, timeout: float = 120) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def logged_step(run_dir: pathlib.Path) -> int:
+    """The highest step a (running) run has written to metrics.jsonl so far; 0 before any."""
+    metrics = pathlib.Path(run_dir) / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return max((json.loads(line).get("step", 0) for line in lines if line), default=0)
+
+
+def wait_for_step(run_dir: pathlib.Path, step: int, timeout: float = 120) -> None:
+    """Wait until a running job has logged ``step``."""
+    wait_until(lambda: logged_step(run_dir) >= step, f"step {step} in {run_dir}", timeout)
 
 
 def summary(run_dir: pathlib.Path) -> dict:

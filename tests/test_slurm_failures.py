@@ -6,6 +6,7 @@ import time
 import psutil
 import pytest
 
+from tests.helpers import wait_for_step
 from tests.test_slurm_sbatch import QUICK
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -40,16 +41,6 @@ def rank_process(job_id, rank, timeout=120):
     raise AssertionError(f"rank {rank} of job {job_id} never started")
 
 
-def wait_for_training(run_dir, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        metrics = run_dir / "metrics.jsonl"
-        if metrics.exists() and metrics.read_text().count("\n") >= 3:
-            return
-        time.sleep(0.2)
-    raise AssertionError("training never started")
-
-
 def ended_within(cluster, job_id, since, limit_s):
     state = cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"},
                              timeout=limit_s + 60)
@@ -62,7 +53,7 @@ def test_kill_9_of_one_rank_ends_the_job_and_names_it(slurm_cluster, tmp_path):
     job_id, output = submit(slurm_cluster, tmp_path)
     try:
         victim = rank_process(job_id, 3)
-        wait_for_training(tmp_path / "run")
+        wait_for_step(tmp_path / "run", 3)
         since = time.monotonic()
         victim.kill()
         state, took = ended_within(slurm_cluster, job_id, since, 60)
@@ -93,7 +84,7 @@ def test_hung_rank_ends_within_timeout_with_stacks_in_logs(slurm_cluster, tmp_pa
     job_id, output = submit(slurm_cluster, tmp_path, f"dist.timeout_s={timeout_s}")
     try:
         victim = rank_process(job_id, 3)
-        wait_for_training(tmp_path / "run")
+        wait_for_step(tmp_path / "run", 3)
         since = time.monotonic()
         victim.suspend()  # kill -STOP: alive, silent
         state, took = ended_within(slurm_cluster, job_id, since, timeout_s + 30)

@@ -1,32 +1,13 @@
 """Preemption on the real cluster: a 2-node job stopped twice by USR2, requeued, resumed, exact."""
 
-import json
-import time
 
 import pytest
 
-from tests.helpers import summary
+from tests.helpers import summary, wait_for_step, wait_until
 from tests.test_slurm_sbatch import QUICK, sbatch_wait
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 LONGER = [*QUICK, "train.epochs=6", "train.log_every_steps=1"]
-
-
-def logged_step(run_dir):
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.exists():
-        return 0
-    steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines() if line]
-    return max(steps, default=0)
-
-
-def wait_until(predicate, what, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_preempted_twice_then_identical_weights(slurm_cluster, tmp_path):
@@ -43,11 +24,11 @@ def test_preempted_twice_then_identical_weights(slurm_cluster, tmp_path):
         *LONGER).stdout.strip()
     try:
         for restart, at_step in ((1, 10), (2, 40)):
-            wait_until(lambda: logged_step(run_dir) >= at_step, f"step {at_step}")
+            wait_for_step(run_dir, at_step, timeout=180)
             # what --signal=B:USR2@... does before the time limit: USR2 to the batch shell only
             slurm_cluster.run("scancel", "--signal=USR2", "--batch", job_id)
             wait_until(lambda: f"Restarts={restart}" in slurm_cluster.run(
-                "scontrol", "-o", "show", "job", job_id).stdout, f"requeue {restart}")
+                "scontrol", "-o", "show", "job", job_id).stdout, f"requeue {restart}", timeout=180)
             slurm_cluster.wait_for(job_id, {"PENDING"}, timeout=60)
             # a requeued job is held ~120 s (BeginTime); release it now
             slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")

@@ -10,7 +10,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import hpcddp
 from hpcddp import submission
-from tests.helpers import REPO, run_cli, summary
+from tests.helpers import REPO, run_cli, summary, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -146,9 +146,7 @@ def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path
     job = hpcddp.submit("examples/quickstart.yaml", [f"run.dir={run_dir}", "train.epochs=20"],
                         nodes=1, tasks_per_node=2)
     try:
-        deadline = time.monotonic() + 90
-        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_until((run_dir / "metrics.jsonl").exists, "the run to start", timeout=90)
         cluster.run("scancel", "--signal=USR2", job.job_id)  # what --signal=USR2@N sends
         cluster.wait_for(job.job_id, {"PENDING"}, timeout=60)  # requeued, held ~120 s
         cluster.run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
@@ -167,9 +165,7 @@ def test_scancel_stops_a_running_job_for_good(cluster, tmp_path):
     job = hpcddp.submit("examples/quickstart.yaml", [f"run.dir={run_dir}", "train.epochs=20"],
                         nodes=1, tasks_per_node=1)
     try:
-        deadline = time.monotonic() + 90
-        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_until((run_dir / "metrics.jsonl").exists, "the run to start", timeout=90)
         cluster.run("scancel", job.job_id)
         stopped = job.result()
         time.sleep(3)  # time for a self-requeue, if there were one

@@ -1,6 +1,5 @@
 """Clean stops on one host: Ctrl-C, and a stop signal that reaches only one rank."""
 
-import json
 import os
 import signal
 import subprocess
@@ -10,7 +9,7 @@ import time
 import pytest
 
 from hpcddp import exit_codes
-from tests.helpers import REPO, summary
+from tests.helpers import REPO, summary, wait_for_step
 from tests.test_trainer import CONFIG, SMALL, train_local
 
 pytestmark = pytest.mark.slow
@@ -22,17 +21,6 @@ def start(run_dir):
         [sys.executable, "-m", "hpcddp", "train", CONFIG, f"run.dir={run_dir}", *LONG,
          "--nproc", "2"], cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for_step(run_dir, step, timeout=120):
-    deadline = time.monotonic() + timeout
-    metrics = run_dir / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        if metrics.exists() and any(json.loads(line).get("step", 0) >= step
-                                    for line in metrics.read_text().splitlines()):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no step {step} within {timeout} s")
 
 
 def rank_pids(launcher):
