@@ -33,15 +33,20 @@ class Block(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
-                                 nn.Linear(4 * d_model, d_model), nn.Dropout(dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model),
+            nn.GELU(),
+            nn.Linear(4 * d_model, d_model),
+            nn.Dropout(dropout),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, width = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(width, dim=-1)
         q, k, v = (t.view(batch, time, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
         attended = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
         x = x + self.proj(attended.transpose(1, 2).reshape(batch, time, width))
         return x + self.mlp(self.norm2(x))
 
@@ -49,8 +54,15 @@ class Block(nn.Module):
 class CharGPT(nn.Module):
     """Token and position embeddings, a few blocks, and logits over the vocabulary: (B, T, V)."""
 
-    def __init__(self, vocab_size: int, block_size: int, d_model: int, n_layers: int,
-                 n_heads: int, dropout: float) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        block_size: int,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        dropout: float,
+    ) -> None:
         super().__init__()
         self.block_size = block_size
         self.tokens = nn.Embedding(vocab_size, d_model)
@@ -65,12 +77,20 @@ class CharGPT(nn.Module):
         return self.head(self.norm(self.blocks(x)))
 
 
-def make_model(vocab_size: int = 64, block_size: int = 64, d_model: int = 96, n_layers: int = 2,
-               n_heads: int = 4, dropout: float = 0.0) -> CharGPT:
+def make_model(
+    vocab_size: int = 64,
+    block_size: int = 64,
+    d_model: int = 96,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    dropout: float = 0.0,
+) -> CharGPT:
     """A small GPT (~240k parameters at the defaults); the trainer's default loss fits it."""
     if d_model % n_heads:
-        raise ConfigError(f"model.kwargs.d_model={d_model} is not divisible by n_heads={n_heads}."
-                          " HINT: e.g. d_model=96 n_heads=4.")
+        raise ConfigError(
+            f"model.kwargs.d_model={d_model} is not divisible by n_heads={n_heads}."
+            " HINT: e.g. d_model=96 n_heads=4."
+        )
     return CharGPT(vocab_size, block_size, d_model, n_layers, n_heads, dropout)
 
 
@@ -88,7 +108,7 @@ class CharWindows(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = index * self.stride
-        window = self.ids[start:start + self.block_size + 1]
+        window = self.ids[start : start + self.block_size + 1]
         return window[:-1], window[1:]
 
 
@@ -100,9 +120,15 @@ def absolute_url(url: str) -> str:
     return pathlib.Path(url).resolve().as_uri()
 
 
-def make_dataset(url: str, sha256: str | None, root: str = "data", block_size: int = 64,
-                 stride: int = 0, eval_fraction: float = 0.1,
-                 vocab_size: int = 64) -> tuple[CharWindows, CharWindows]:
+def make_dataset(
+    url: str,
+    sha256: str | None,
+    root: str = "data",
+    block_size: int = 64,
+    stride: int = 0,
+    eval_fraction: float = 0.1,
+    vocab_size: int = 64,
+) -> tuple[CharWindows, CharWindows]:
     """Fetch the corpus once per job, then split it: the first part trains, the rest evaluates.
 
     The vocabulary is the sorted set of the file's characters, the same on every rank.
@@ -112,20 +138,26 @@ def make_dataset(url: str, sha256: str | None, root: str = "data", block_size: i
     url = absolute_url(url)
     name = pathlib.PurePosixPath(urllib.parse.unquote(urllib.parse.urlsplit(url).path)).name
     if not name:
-        raise ConfigError(f"data.kwargs.url={url!r} names no file. "
-                          "HINT: point it at the corpus file itself, e.g. .../tiny-corpus.txt")
+        raise ConfigError(
+            f"data.kwargs.url={url!r} names no file. "
+            "HINT: point it at the corpus file itself, e.g. .../tiny-corpus.txt"
+        )
     path = hpcddp.download(url, pathlib.Path(root) / name, sha256=sha256)  # one rank fetches
     text = path.read_text(encoding="utf-8")
     vocab = "".join(sorted(set(text)))
     if len(vocab) > vocab_size:
-        raise ConfigError(f"{name} has {len(vocab)} distinct characters but vocab_size is "
-                          f"{vocab_size}. HINT: set model.kwargs.vocab_size={len(vocab)} "
-                          f"data.kwargs.vocab_size={len(vocab)}.")
+        raise ConfigError(
+            f"{name} has {len(vocab)} distinct characters but vocab_size is "
+            f"{vocab_size}. HINT: set model.kwargs.vocab_size={len(vocab)} "
+            f"data.kwargs.vocab_size={len(vocab)}."
+        )
     lookup = {char: i for i, char in enumerate(vocab)}
     ids = torch.tensor([lookup[char] for char in text], dtype=torch.long)
     cut = int(len(ids) * (1 - eval_fraction))
-    return (CharWindows(ids[:cut], block_size, stride or block_size, vocab),
-            CharWindows(ids[cut:], block_size, block_size, vocab))
+    return (
+        CharWindows(ids[:cut], block_size, stride or block_size, vocab),
+        CharWindows(ids[cut:], block_size, block_size, vocab),
+    )
 
 
 def unigram_loss_nats(text: str) -> float:
@@ -136,37 +168,54 @@ def unigram_loss_nats(text: str) -> float:
 
 # --- the corpus: a harbour log from an invented town, generated from a small grammar -------------
 
-_NUMBERS = ("two three four five six seven eight nine ten eleven twelve fifteen twenty "
-            "thirty forty").split()
-_ORDINALS = ("first second third fourth fifth sixth seventh eighth ninth tenth eleventh "
-             "twelfth").split()
+_NUMBERS = (
+    "two three four five six seven eight nine ten eleven twelve fifteen twenty thirty forty"
+).split()
+_ORDINALS = (
+    "first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth"
+).split()
 _MONTHS = "Frost Thaw Seedtime Blossom Longlight Haying Harvest Gales Mist Darkening".split()
-_PEOPLE = ("the miller|the ferryman|old Maren|the harbour master|young Tobin|the net-mender|"
-           "the schoolteacher|Widow Ash|the cooper|the two Fenwick boys|the lamp-keeper|"
-           "Captain Orrin|the baker's daughter|the priest|a stranger from inland").split("|")
+_PEOPLE = (
+    "the miller|the ferryman|old Maren|the harbour master|young Tobin|the net-mender|"
+    "the schoolteacher|Widow Ash|the cooper|the two Fenwick boys|the lamp-keeper|"
+    "Captain Orrin|the baker's daughter|the priest|a stranger from inland"
+).split("|")
 _BOATS = "Grey Heron|Patience|Little Tern|Second Chance|Morning Star|Saltwren|Good Hope".split("|")
 _CARGO = "salt|herring|barley|rope|tar|apples|slate|wool|lamp oil|timber|cod|cider".split("|")
-_PLACES = ("the quay|the chapel steps|the fish market|the mill race|the long beach|the inn|"
-           "the lighthouse|the net sheds|the school room|the churchyard wall").split("|")
+_PLACES = (
+    "the quay|the chapel steps|the fish market|the mill race|the long beach|the inn|"
+    "the lighthouse|the net sheds|the school room|the churchyard wall"
+).split("|")
 _WINDS = "north|north-east|east|south-east|south|south-west|west|north-west".split("|")
 _WIND_KINDS = "light|steady|gusting|fresh|strong|fitful|cold|warm and soft".split("|")
 _SEAS = "calm|grey|choppy|high|flat as a plate|green and heavy|white with foam".split("|")
-_SKIES = ("low cloud|a clear sky|rain by noon|a thick mist|sun and showers|a red dawn|"
-          "thunder in the hills").split("|")
-_DEEDS = ("mended the old sail|counted the barrels twice|sang the harvest song|swept the steps|"
-          "found a lost anchor|painted the shutters blue|argued about the price of salt|"
-          "carried water to the sheds|read the notices aloud|tarred the bottom of a skiff"
-          ).split("|")
-_VERDICTS = ("well done|a waste of good daylight|the talk of the town|no business of ours|"
-             "a sign of a hard winter|just as it should be").split("|")
-_SAYINGS = ("a quiet harbour makes a lazy crew|salt keeps what the sea gives|red at dawn, stay "
-            "on the lawn|the tide waits for no cooper|many hands make a light net|a full barrel "
-            "makes no noise|mist in the morning, sun by supper").split("|")
-_QUOTES = ("The tide will turn before the bell|I have seen worse seas than this|Mind the rope, "
-           "it is older than you|We shall have fish for a week|Tell the cooper we need more "
-           "barrels|Nobody goes out past the point tonight|The lamp must be lit early").split("|")
-_CLOSINGS = ("All boats were home by dark.|The watch was kept by {person}.|No one was lost.|"
-             "The harbour bell rang {number} times.|The night was quiet.").split("|")
+_SKIES = (
+    "low cloud|a clear sky|rain by noon|a thick mist|sun and showers|a red dawn|"
+    "thunder in the hills"
+).split("|")
+_DEEDS = (
+    "mended the old sail|counted the barrels twice|sang the harvest song|swept the steps|"
+    "found a lost anchor|painted the shutters blue|argued about the price of salt|"
+    "carried water to the sheds|read the notices aloud|tarred the bottom of a skiff"
+).split("|")
+_VERDICTS = (
+    "well done|a waste of good daylight|the talk of the town|no business of ours|"
+    "a sign of a hard winter|just as it should be"
+).split("|")
+_SAYINGS = (
+    "a quiet harbour makes a lazy crew|salt keeps what the sea gives|red at dawn, stay "
+    "on the lawn|the tide waits for no cooper|many hands make a light net|a full barrel "
+    "makes no noise|mist in the morning, sun by supper"
+).split("|")
+_QUOTES = (
+    "The tide will turn before the bell|I have seen worse seas than this|Mind the rope, "
+    "it is older than you|We shall have fish for a week|Tell the cooper we need more "
+    "barrels|Nobody goes out past the point tonight|The lamp must be lit early"
+).split("|")
+_CLOSINGS = (
+    "All boats were home by dark.|The watch was kept by {person}.|No one was lost.|"
+    "The harbour bell rang {number} times.|The night was quiet."
+).split("|")
 
 
 def _capital(phrase: str) -> str:
@@ -176,25 +225,34 @@ def _capital(phrase: str) -> str:
 
 def _entry(rng: random.Random, day: int, month: str) -> str:
     """One day of the log: a heading and a paragraph of five to eight sentences."""
+
     def pick(items):
         return rng.choice(items)
+
     templates = (
-        lambda: f"The wind was {pick(_WIND_KINDS)} from the {pick(_WINDS)}, and the sea was "
-                f"{pick(_SEAS)}, with {pick(_SKIES)}.",
-        lambda: f"The {pick(_BOATS)} came in with {pick(_NUMBERS)} barrels of {pick(_CARGO)} "
-                f"for {pick(_PEOPLE)}.",
-        lambda: f"{_capital(pick(_PEOPLE))} took the {pick(_BOATS)} out past the lighthouse "
-                f"and came back before the {pick(_ORDINALS)} bell.",
-        lambda: f"At {pick(_PLACES)}, {pick(_PEOPLE)} {pick(_DEEDS)}, and {pick(_PEOPLE)} said "
-                f"it was {pick(_VERDICTS)}.",
-        lambda: f"\"{pick(_QUOTES)},\" said {pick(_PEOPLE)}.",
+        lambda: (
+            f"The wind was {pick(_WIND_KINDS)} from the {pick(_WINDS)}, and the sea was "
+            f"{pick(_SEAS)}, with {pick(_SKIES)}."
+        ),
+        lambda: (
+            f"The {pick(_BOATS)} came in with {pick(_NUMBERS)} barrels of {pick(_CARGO)} "
+            f"for {pick(_PEOPLE)}."
+        ),
+        lambda: (
+            f"{_capital(pick(_PEOPLE))} took the {pick(_BOATS)} out past the lighthouse "
+            f"and came back before the {pick(_ORDINALS)} bell."
+        ),
+        lambda: (
+            f"At {pick(_PLACES)}, {pick(_PEOPLE)} {pick(_DEEDS)}, and {pick(_PEOPLE)} said "
+            f"it was {pick(_VERDICTS)}."
+        ),
+        lambda: f'"{pick(_QUOTES)}," said {pick(_PEOPLE)}.',
         lambda: f"As the old saying goes, {pick(_SAYINGS)}.",
-        lambda: f"{_capital(pick(_CARGO))} sold for {pick(_NUMBERS)} pennies at "
-                f"{pick(_PLACES)}.",
+        lambda: f"{_capital(pick(_CARGO))} sold for {pick(_NUMBERS)} pennies at {pick(_PLACES)}.",
     )
     sentences = [templates[0]()] + [t() for t in rng.sample(templates[1:], rng.randint(3, 6))]
     closing = pick(_CLOSINGS).format(person=pick(_PEOPLE), number=pick(_NUMBERS))
-    return f"The {_ORDINALS[day % 12]} day of {month}.\n" + " ".join(sentences + [closing])
+    return f"The {_ORDINALS[day % 12]} day of {month}.\n" + " ".join([*sentences, closing])
 
 
 def corpus_text(seed: int = 7, target_chars: int = 150_000) -> str:

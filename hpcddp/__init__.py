@@ -1,7 +1,17 @@
 """hpcddp: PyTorch DistributedDataParallel on Slurm/HPC clusters, made boring.
 
-Names are imported lazily so that ``import hpcddp.hostlist`` and the CLI's light commands
-start fast on login nodes without importing torch.
+The package has wings by world (each subpackage's docstring says what it may import):
+
+- ground floor: `hpcddp.config`, `hpcddp.errors`, `hpcddp.exit_codes`, `hpcddp.progress`
+- `hpcddp.launch`: who am I (hostlists, launch contexts, ports, the local launcher); torch-free
+- `hpcddp.storage`: run directory, atomic files, checkpoints, plots
+- `hpcddp.dist`: the process group's life, collectives, failure reports, guarded downloads
+- `hpcddp.train`: the trainer and its loop
+- `hpcddp.slurm`: job scripts, submission, queue, status, the job index; torch-free at import
+- `hpcddp.cli`: the ``hpcddp`` command, on top
+
+Public names are imported lazily so that the CLI's light commands start fast on login nodes
+without importing torch.
 """
 
 import importlib
@@ -9,23 +19,23 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "DistEnv": "hpcddp.environments",
-    "resolve_env": "hpcddp.environments",
-    "process_group": "hpcddp.distributed",
+    "DistEnv": "hpcddp.launch.distenv",
+    "resolve_env": "hpcddp.launch.resolve",
+    "process_group": "hpcddp.dist.group",
     "Config": "hpcddp.config",
     "load_config": "hpcddp.config",
-    "Trainer": "hpcddp.trainer",
-    "download": "hpcddp.fetch",
-    "main_process_first": "hpcddp.fetch",
-    "submit": "hpcddp.submission",
-    "sweep": "hpcddp.submission",
+    "Trainer": "hpcddp.train.trainer",
+    "download": "hpcddp.dist.download",
+    "main_process_first": "hpcddp.dist.download",
+    "submit": "hpcddp.slurm.submission",
+    "sweep": "hpcddp.slurm.submission",
     "HpcddpError": "hpcddp.errors",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     """Import a public name from its module on first use."""
     if name not in _EXPORTS:
         raise AttributeError(f"module 'hpcddp' has no attribute {name!r}")

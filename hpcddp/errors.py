@@ -30,3 +30,7 @@ class CheckpointError(HpcddpError):
 
 class DistributedError(HpcddpError):
     """The process group could not be formed or a peer rank failed."""
+
+
+class PeerLostError(DistributedError):
+    """This rank failed only because another rank died first; that rank's error is the cause."""

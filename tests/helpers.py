@@ -13,13 +13,73 @@ import urllib.parse
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
+# -- the quick-run settings every test trains with ----------------------------------------------
+QUICKSTART = "examples/quickstart.yaml"
+# The quickstart, small: 2048 samples, one epoch (16 steps per rank at world size 4).
+QUICK = [
+    "data.kwargs={train_size: 2048, eval_size: 512}",
+    "data.batch_size=32",
+    "train.epochs=1",
+]
+# A Slurm job that is in one of these states has ended.
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
+# A string that breaks out of careless shell quoting: it must arrive as one literal argument.
+HOSTILE = "a'; touch {pwned}; '"
+# Two steps of a tiny run: for tests about what happens around training, not during it.
+TINY = ["data.kwargs={train_size: 256, eval_size: 64}", "train.max_steps=2"]
+# For exact resume: dropout, accumulation and warmup make every RNG and counter matter.
+EXACT = [
+    *QUICK,
+    "model.kwargs={dropout: 0.1}",
+    "train.epochs=3",
+    "train.grad_accum_steps=2",
+    "train.log_every_steps=5",
+    "optim.warmup_steps=5",
+]
 
-def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
-            cwd: pathlib.Path = REPO) -> subprocess.CompletedProcess:
+
+# Variables an outer launcher leaves behind (pytest run inside salloc or torchrun, say): a test
+# that starts its own ranks must not inherit them.
+_LAUNCHER_PREFIXES = ("SLURM_", "SRUN_", "SUBMITIT_", "HPCDDP_LOCAL_", "TORCHELASTIC_")
+_LAUNCHER_NAMES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "HPCDDP_REPORT_FILE",
+)
+
+
+def clear_launcher_environment(monkeypatch) -> None:
+    """Remove every outer launcher's variable from this process's environment for one test."""
+    for name in list(os.environ):
+        if name.startswith(_LAUNCHER_PREFIXES) or name in _LAUNCHER_NAMES:
+            monkeypatch.delenv(name)
+
+
+def run_cli(
+    *args: str, timeout: float = 300, env: dict | None = None, cwd: pathlib.Path = REPO
+) -> subprocess.CompletedProcess:
     """``python -m hpcddp ARGS`` from the repository root, output captured."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "hpcddp", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpcddp", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def train_local(run_dir, *extra: str, nproc: int = 2, config: str = QUICKSTART):
+    """``hpcddp train CONFIG run.dir=RUN_DIR EXTRA --nproc N``, which must succeed."""
+    result = run_cli("train", config, f"run.dir={run_dir}", *extra, "--nproc", str(nproc))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def wait_until(predicate, what: str, timeout: float = 120) -> None:

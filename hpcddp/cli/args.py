@@ -1,0 +1,33 @@
+"""Command-line pieces several subcommands share: ``[CONFIG] [key=value ...]`` and Slurm options."""
+
+import argparse
+from collections.abc import Sequence
+
+from hpcddp.errors import ConfigError
+from hpcddp.slurm.options import OPTIONS
+
+
+def split_config_and_overrides(
+    items: Sequence[str], config: str | None = None
+) -> tuple[str | None, list[str]]:
+    """``[CONFIG] [key=value ...]``: the one item without ``=`` is the config file."""
+    overrides = [item for item in items if "=" in item]
+    paths = [item for item in items if "=" not in item]
+    if len(paths) + (config is not None) > 1:
+        raise ConfigError(
+            f"more than one config file given ({', '.join(paths)}). "
+            "HINT: pass one CONFIG and key=value overrides."
+        )
+    return (config or (paths[0] if paths else None)), overrides
+
+
+def add_slurm_options(parser: argparse.ArgumentParser) -> None:
+    """One ``--option`` per entry of `OPTIONS`, stored under the option's name."""
+    for name, option in OPTIONS.items():
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=option.kind,
+            metavar=option.metavar,
+            help=f"{option.text} (default: the config's slurm.{option.field})",
+        )

@@ -1,0 +1,75 @@
+"""The ``hpcddp`` command: small subcommands, each a thin shell over the library.
+
+Errors hpcddp raises on purpose end the command with one line and a non-zero exit (2 for bad
+input, 1 for failures at run time); anything else keeps its traceback. An error every rank
+reaches is printed once: by our local launcher, or by rank 0 (`hpcddp.launch.reports`).
+"""
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from hpcddp import exit_codes
+from hpcddp.cli import jobs, plot, sbatch, train
+from hpcddp.errors import ConfigError, HostlistError, HpcddpError, LaunchError, PeerLostError
+from hpcddp.launch import reports
+from hpcddp.launch.contexts import claimed_rank
+
+USAGE_ERRORS = (ConfigError, LaunchError, HostlistError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(prog="hpcddp", description=(__doc__ or "").splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    train.add_parsers(sub)  # train, env
+    sbatch.add_parser(sub)
+    jobs.add_parsers(sub)  # submit, status, logs
+    plot.add_parser(sub)
+    return parser
+
+
+def exit_status(err: HpcddpError) -> int:
+    """Bad input is 2 wherever it is found; other errors hpcddp explains are 1."""
+    return exit_codes.USAGE if isinstance(err, USAGE_ERRORS) else exit_codes.FAILED
+
+
+def report(err: HpcddpError, code: int) -> None:
+    """Say what ended this process, once per job rather than once per rank."""
+    path = os.environ.get(reports.REPORT_FILE_VAR)
+    if path:
+        rank = claimed_rank(os.environ) or 0
+        found = reports.Report(
+            rank, socket.gethostname(), code, str(err), isinstance(err, PeerLostError)
+        )
+        reports.write(path, found)
+    elif reports.should_print(os.environ, own_place=isinstance(err, (LaunchError, HostlistError))):
+        print(f"hpcddp: error: {err}", file=sys.stderr, flush=True)
+    # Other ranks have logged it to their own log (RUN_DIR/logs/rank-R.log) already.
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hpcddp`` console script and ``python -m hpcddp``."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "items") and all("=" in x and not x.startswith("-") for x in extra):
+        args.items += extra  # key=value overrides may follow options
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        code: int = args.func(args)
+    except HpcddpError as err:
+        code = exit_status(err)
+        report(err, code)
+    except KeyboardInterrupt:
+        print("hpcddp: interrupted", file=sys.stderr)
+        code = exit_codes.INTERRUPTED
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

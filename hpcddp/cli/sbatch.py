@@ -1,0 +1,55 @@
+"""``hpcddp sbatch``: render the job script for a config and submit it (or print it)."""
+
+import argparse
+import sys
+from typing import Any
+
+from hpcddp import exit_codes
+from hpcddp.cli.args import add_slurm_options, split_config_and_overrides
+from hpcddp.config import load_config
+from hpcddp.errors import ConfigError
+from hpcddp.slurm.jobscript import render, submit
+from hpcddp.slurm.options import OPTIONS
+
+
+def cmd_sbatch(args: argparse.Namespace) -> int:
+    """Render the job script for a config; print it (--dry-run) or submit it and print the id."""
+    config_path, overrides = split_config_and_overrides(args.items)
+    if config_path is None:
+        raise ConfigError(
+            "hpcddp sbatch needs a CONFIG file. "
+            "HINT: hpcddp sbatch examples/quickstart.yaml --nodes 2"
+        )
+    options = {name: getattr(args, name) for name in OPTIONS}
+    config = load_config(config_path, overrides)
+    script = render(config, config_path, overrides, python=args.python, options=options)
+    if args.dry_run:
+        print(script, end="")
+        return exit_codes.OK
+    print(submit(script), flush=True)
+    return exit_codes.OK
+
+
+def add_parser(subparsers: "argparse._SubParsersAction[Any]") -> None:
+    """Register ``hpcddp sbatch`` on the command's subparsers."""
+    parser = subparsers.add_parser(
+        "sbatch",
+        help="submit a config as a Slurm job (or print the job script)",
+        description="Render a job script from the config's slurm section, options below "
+        "overriding it, and submit it with sbatch. Put options before CONFIG or after all "
+        "overrides.",
+    )
+    parser.add_argument(
+        "items",
+        nargs="*",
+        metavar="CONFIG [key=value]",
+        help="a YAML config and overrides such as optim.lr=0.01",
+    )
+    add_slurm_options(parser)
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the Python the job runs (default: this one, %(default)s)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    parser.set_defaults(func=cmd_sbatch)

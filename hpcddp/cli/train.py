@@ -1,0 +1,90 @@
+"""``hpcddp train`` and ``hpcddp env``: run a config here or in N local processes; a rank's view.
+
+The rank side (torch) is imported inside the commands that need it, so ``hpcddp --help`` and
+the Slurm subcommands stay light.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from hpcddp import exit_codes
+from hpcddp.cli.args import split_config_and_overrides
+from hpcddp.config import load_config, reference
+from hpcddp.errors import ConfigError
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train (or resume) the configured run in this process, or in --nproc local processes."""
+    if args.help_config:
+        print(reference.as_text(), end="", flush=True)
+        return exit_codes.OK
+    config_path, overrides = split_config_and_overrides(args.items, args.config)
+    config = load_config(config_path, overrides)  # fail here, once, before any process starts
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise ConfigError(
+                f"--nproc must be >= 1, got {args.nproc}. "
+                "HINT: leave it out to train in this process."
+            )
+        from hpcddp.launch.local import launch
+
+        return launch(["train", *([config_path] if config_path else []), *overrides], args.nproc)
+    from hpcddp.train.trainer import Trainer
+
+    return exit_code(Trainer(config=config).fit())
+
+
+def exit_code(result: dict[str, Any]) -> int:
+    """0 when finished, stopped on request or requeued; distinct codes for the other stops."""
+    if result.get("reason") == "interrupted":
+        return exit_codes.INTERRUPTED
+    if result.get("reason") == "terminated":
+        return exit_codes.TERMINATED
+    if result.get("reason") == "preempted" and not result.get("requeued"):
+        print(
+            f"hpcddp: stopped at step {result['step']} with a checkpoint but the job was not "
+            "requeued. HINT: re-run the same command to resume.",
+            file=sys.stderr,
+        )
+        return exit_codes.STOPPED_NOT_REQUEUED
+    return exit_codes.OK
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Print how this process resolves its place in the job (under srun: every task its own)."""
+    from hpcddp.launch.resolve import resolve_env
+
+    env = dataclasses.asdict(resolve_env())
+    if args.json:
+        print(json.dumps(env, sort_keys=True), flush=True)
+    else:
+        print(f"hpcddp env: {' '.join(f'{k}={v}' for k, v in env.items())}", flush=True)
+    return exit_codes.OK
+
+
+def add_parsers(subparsers: "argparse._SubParsersAction[Any]") -> None:
+    """Register ``train`` and ``env`` on the command's subparsers."""
+    train = subparsers.add_parser("train", help="train or resume a run from a config")
+    train.add_argument(
+        "items",
+        nargs="*",
+        metavar="[CONFIG] [key=value]",
+        help="a YAML config and overrides such as optim.lr=0.01",
+    )
+    train.add_argument("--config", help="the YAML config (same as the positional CONFIG)")
+    train.add_argument(
+        "--nproc", type=int, help="start this many local processes (no cluster needed)"
+    )
+    train.add_argument(
+        "--help-config",
+        action="store_true",
+        help="list every config section and key with its type, default and meaning",
+    )
+    train.set_defaults(func=cmd_train)
+
+    env = subparsers.add_parser("env", help="print this process's resolved rank, world and master")
+    env.add_argument("--json", action="store_true", help="one JSON object per process")
+    env.set_defaults(func=cmd_env)

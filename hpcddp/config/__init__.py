@@ -1,0 +1,31 @@
+"""Ground floor: the run's configuration (checked dataclasses, YAML, overrides, reference).
+
+Imports only `hpcddp.errors` and PyYAML: the login node reads configs without torch.
+"""
+
+from hpcddp.config.loading import apply_overrides, from_dict, load_config, read_yaml
+from hpcddp.config.sections import (
+    Config,
+    DataConfig,
+    DistConfig,
+    FactoryConfig,
+    OptimConfig,
+    RunConfig,
+    SlurmConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "Config",
+    "DataConfig",
+    "DistConfig",
+    "FactoryConfig",
+    "OptimConfig",
+    "RunConfig",
+    "SlurmConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "from_dict",
+    "load_config",
+    "read_yaml",
+]

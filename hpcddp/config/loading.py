@@ -1,0 +1,167 @@
+"""From YAML files and ``section.key=value`` overrides to a checked `Config`.
+
+YAML is read with ``safe_load`` only; each value is checked against its field's type here, and
+an unknown key names the valid ones and the closest match, so a typo fails at start-up.
+"""
+
+import dataclasses
+import difflib
+import functools
+import pathlib
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from hpcddp.config.sections import Config
+from hpcddp.errors import ConfigError
+
+_SCALARS = (bool, int, float, str)
+
+
+@functools.cache
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved annotations of a dataclass, field by field."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _origin(kind: Any) -> Any:
+    """``dict[str, Any]`` -> ``dict``; plain types unchanged."""
+    return typing.get_origin(kind) or kind
+
+
+def type_name(kind: Any) -> str:
+    """How a field's type is named in messages and in the reference: int, float, dict, ..."""
+    return str(getattr(_origin(kind), "__name__", kind))
+
+
+def _coerce(value: Any, kind: Any, where: str) -> Any:
+    """Check one value against its field's type, accepting ints where floats are expected."""
+    kind = _origin(kind)
+    if kind is float and isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind in (*_SCALARS, dict) and type(value) is kind:
+        return value
+    if kind not in (*_SCALARS, dict):
+        return value
+    raise ConfigError(
+        f"{where} must be {type_name(kind)}, got {type(value).__name__} {value!r}. "
+        f"HINT: write it as a {type_name(kind)} in YAML or on the command line."
+    )
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """Make a dataclass from a mapping, naming unknown keys and the valid ones."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{where or 'the config'} must be a mapping of keys to values, got "
+            f"{type(data).__name__}. HINT: see examples/quickstart.yaml."
+        )
+    types_ = field_types(cls)
+    unknown = sorted(set(map(str, data)) - set(types_))
+    if unknown:
+        prefix = f"{where}." if where else ""
+        close = difflib.get_close_matches(unknown[0], list(types_), n=1)
+        hint = f"did you mean {prefix}{close[0]}?" if close else "check the spelling."
+        raise ConfigError(
+            f"unknown key {prefix}{unknown[0]}; valid keys: "
+            f"{', '.join(prefix + k for k in types_)}. HINT: {hint}"
+        )
+    values = {}
+    for key, value in data.items():
+        kind, path = types_[key], f"{where}.{key}" if where else key
+        nested = dataclasses.is_dataclass(kind)
+        values[key] = _build(kind, value, path) if nested else _coerce(value, kind, path)
+    return cls(**values)
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b=value`` and read the value as YAML (so 3, 1e-3, true, [1, 2] keep their type)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(
+            f"override {text!r} is not of the form section.key=value. "
+            "HINT: e.g. optim.lr=0.01 train.epochs=3"
+        )
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Merge ``key=value`` overrides into raw config data (types are checked when built)."""
+    for text in overrides:
+        path, value = _parse_override(text)
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: {part} is not a section.")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and _is_str_field(path):
+            value = str(value)
+        node[path[-1]] = value
+    return data
+
+
+def _is_str_field(path: list[str]) -> bool:
+    """True when the override targets a string field (so `run.name=123` stays a string)."""
+    cls: Any = Config
+    for part in path:
+        kinds = field_types(cls) if isinstance(cls, type) and dataclasses.is_dataclass(cls) else {}
+        if part not in kinds:
+            return False
+        cls = kinds[part]
+    return cls is str
+
+
+def read_yaml(path: str | pathlib.Path) -> Any:
+    """Load one YAML file with safe_load, turning every failure into a one-line ConfigError."""
+    path = pathlib.Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(
+            f"cannot read config {path}: {err.strerror}. "
+            "HINT: check the path (examples/quickstart.yaml is one)."
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(
+            f"config {path} is not valid YAML{where}: "
+            f"{getattr(err, 'problem', err)}. HINT: fix the YAML syntax there."
+        ) from None
+    return data if data is not None else {}
+
+
+def load_config(path: str | pathlib.Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Read a YAML file (or start from defaults), apply overrides, check every value."""
+    data = read_yaml(path) if path else {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config {path} must be a mapping of sections, got "
+            f"{type(data).__name__}. HINT: see examples/quickstart.yaml."
+        )
+    return from_dict(apply_overrides(data, list(overrides)))
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build a checked Config from plain data (e.g. a saved ``config.yaml``)."""
+    try:
+        config: Config = _build(Config, data, "")
+    except TypeError as err:  # a dataclass refused an argument we did not anticipate
+        raise ConfigError(f"invalid configuration: {err}") from None
+    return config

@@ -1,0 +1,253 @@
+"""The sections of a run's configuration: every field with its unit in its name, its help beside it.
+
+Every section is a keyword-only dataclass whose ``__post_init__`` rejects values that cannot
+work, so a typo fails at start-up instead of an hour into the job. Each field's help lives in
+its metadata (`setting`), which is where ``hpcddp train --help-config`` and the README's
+configuration reference read it from.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import yaml
+
+from hpcddp.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def setting(default: T, help: str) -> T:
+    """A field with a default and the one line of help that ``--help-config`` shows."""
+    field: T = dataclasses.field(default=default, metadata={"help": help})
+    return field
+
+
+def setting_from(factory: Callable[[], T], help: str) -> T:
+    """A field whose default is made fresh for each config (for dicts)."""
+    field: T = dataclasses.field(default_factory=factory, metadata={"help": help})
+    return field
+
+
+def field_help(field: "dataclasses.Field[Any]") -> str:
+    """The help text of one field ('' when it has none)."""
+    return str(field.metadata.get("help", ""))
+
+
+def _positive(section: str, **values: float) -> None:
+    """Raise if any of the named sizes is zero or negative."""
+    for name, value in values.items():
+        if value <= 0:
+            raise ConfigError(
+                f"{section}.{name} must be > 0, got {value}. "
+                f"HINT: set {section}.{name}=<positive number>."
+            )
+
+
+def _not_negative(section: str, **values: float) -> None:
+    """Raise if any of the named values is below zero (0 means off or default)."""
+    for name, value in values.items():
+        if value < 0:
+            raise ConfigError(
+                f"{section}.{name} must be >= 0, got {value}. HINT: use 0 to disable it."
+            )
+
+
+def _one_of(section: str, name: str, value: object, allowed: tuple[str, ...]) -> None:
+    """Raise if a choice is not among the allowed ones."""
+    if value not in allowed:
+        raise ConfigError(
+            f"{section}.{name}={value!r} is not one of {list(allowed)}. "
+            f"HINT: set {section}.{name}={allowed[0]}."
+        )
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunConfig:
+    """Where outputs go and how a run starts."""
+
+    name: str = setting("run", "a label for people; nothing looks runs up by it")
+    dir: str = setting("runs/run", "the run directory: checkpoints, metrics, logs, summary.json")
+    seed: int = setting(0, "seeds weights, data order and every rank's random streams")
+    resume: bool = setting(True, "continue from the latest complete checkpoint in run.dir")
+    force: bool = setting(False, "resume into a run directory written by a different config")
+
+
+@dataclasses.dataclass(kw_only=True)
+class FactoryConfig:
+    """A user function ``package.module:function`` called with ``kwargs``."""
+
+    factory: str = setting("", "your function as package.module:function")
+    kwargs: dict[str, Any] = setting_from(dict, "keyword arguments passed to the factory")
+
+    def __post_init__(self) -> None:
+        if self.factory and ":" not in self.factory:
+            raise ConfigError(
+                f"factory {self.factory!r} must look like 'package.module:function'. "
+                "HINT: e.g. factory: examples.quickstart:make_model"
+            )
+
+
+@dataclasses.dataclass(kw_only=True)
+class DataConfig(FactoryConfig):
+    """The dataset factory and how batches are drawn from it."""
+
+    factory: str = setting("", "returns train, (train, eval) or {'train':..., 'eval':...}")
+    batch_size: int = setting(32, "samples per rank per micro-batch")
+    num_workers: int = setting(-1, "DataLoader workers per rank; -1: this rank's CPUs minus one")
+    drop_last: bool = setting(False, "drop each rank's last, smaller batch of an epoch")
+    shuffle: bool = setting(True, "reshuffle the training set every epoch (seeded)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("data", batch_size=self.batch_size)
+        if self.num_workers < -1:
+            raise ConfigError(
+                f"data.num_workers must be >= 0 (or -1 for automatic), "
+                f"got {self.num_workers}. HINT: set data.num_workers=-1."
+            )
+
+
+@dataclasses.dataclass(kw_only=True)
+class OptimConfig:
+    """Optimizer and learning-rate schedule."""
+
+    name: str = setting("adamw", "adamw or sgd")
+    lr: float = setting(1e-3, "peak learning rate")
+    weight_decay: float = setting(0.0, "decoupled (adamw) or L2 (sgd) weight decay")
+    momentum: float = setting(0.9, "sgd momentum (sgd only)")
+    warmup_steps: int = setting(0, "optimizer steps of linear warmup from 0 to lr")
+    schedule: str = setting("cosine", "cosine decay after warmup, or constant")
+    min_lr_ratio: float = setting(0.1, "floor of the cosine, as a fraction of lr")
+    grad_clip_norm: float = setting(0.0, "clip the global gradient norm to this; 0: no clipping")
+
+    def __post_init__(self) -> None:
+        _one_of("optim", "name", self.name, ("adamw", "sgd"))
+        _one_of("optim", "schedule", self.schedule, ("cosine", "constant"))
+        _positive("optim", lr=self.lr)
+        _not_negative(
+            "optim",
+            warmup_steps=self.warmup_steps,
+            grad_clip_norm=self.grad_clip_norm,
+            weight_decay=self.weight_decay,
+        )
+
+
+@dataclasses.dataclass(kw_only=True)
+class TrainConfig:
+    """The training loop."""
+
+    epochs: int = setting(1, "passes over the training set")
+    max_steps: int = setting(0, "stop after this many optimizer steps; 0: run all epochs")
+    grad_accum_steps: int = setting(1, "micro-batches per optimizer step")
+    precision: str = setting("fp32", "fp32, bf16 (autocast) or fp16 (autocast + GradScaler, CUDA)")
+    eval_every_steps: int = setting(0, "evaluate every N steps; 0: at the end of every epoch")
+    checkpoint_every_steps: int = setting(0, "checkpoint every N steps; 0: every epoch's end")
+    keep_checkpoints: int = setting(3, "how many of the newest checkpoints to keep")
+    log_every_steps: int = setting(10, "write a metrics line (and a log line) every N steps")
+    compile: bool = setting(False, "torch.compile the model (in place, inside DDP)")
+    sync_batchnorm: bool = setting(False, "convert BatchNorm layers to SyncBatchNorm")
+    stop_after_steps: int = setting(0, "stop early after N steps, checkpoint kept (for tests)")
+    stop_before_end_s: float = setting(
+        120.0, "checkpoint and requeue this many seconds before the job's time limit"
+    )
+
+    def __post_init__(self) -> None:
+        _positive(
+            "train",
+            epochs=self.epochs,
+            grad_accum_steps=self.grad_accum_steps,
+            keep_checkpoints=self.keep_checkpoints,
+            log_every_steps=self.log_every_steps,
+        )
+        _one_of("train", "precision", self.precision, ("fp32", "bf16", "fp16"))
+        _not_negative(
+            "train",
+            max_steps=self.max_steps,
+            eval_every_steps=self.eval_every_steps,
+            checkpoint_every_steps=self.checkpoint_every_steps,
+            stop_after_steps=self.stop_after_steps,
+            stop_before_end_s=self.stop_before_end_s,
+        )
+
+
+@dataclasses.dataclass(kw_only=True)
+class DistConfig:
+    """Process group and DistributedDataParallel knobs."""
+
+    backend: str = setting("", "gloo or nccl; empty: nccl on CUDA, gloo otherwise")
+    timeout_s: float = setting(300.0, "collective timeout: a hung peer ends the job after this")
+    bucket_cap_mb: float = setting(25.0, "DDP gradient bucket size")
+    find_unused_parameters: bool = setting(False, "DDP: allow parameters without gradients")
+    static_graph: bool = setting(False, "DDP: the graph is the same every step")
+    gradient_as_bucket_view: bool = setting(
+        True, "DDP: gradients live in the buckets (less memory)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.backend:
+            _one_of("dist", "backend", self.backend, ("gloo", "nccl"))
+        _positive("dist", timeout_s=self.timeout_s, bucket_cap_mb=self.bucket_cap_mb)
+
+
+LAUNCHERS = ("srun", "torchrun")
+
+
+@dataclasses.dataclass(kw_only=True)
+class SlurmConfig:
+    """What to ask Slurm for when hpcddp submits the job."""
+
+    nodes: int = setting(1, "nodes to run on")
+    tasks_per_node: int = setting(1, "ranks per node")
+    gpus_per_node: int = setting(0, "GPUs per node")
+    cpus_per_task: int = setting(1, "CPUs per rank")
+    mem_gb: float = setting(0.0, "memory per node in GB; 0: the partition's default")
+    time_min: int = setting(60, "time limit in minutes")
+    partition: str = setting("", "partition; empty: the cluster's default")
+    account: str = setting("", "account to charge; empty: your default")
+    qos: str = setting("", "quality of service; empty: the default")
+    job_name: str = setting("hpcddp", "job name (squeue, output file names)")
+    signal_delay_s: int = setting(120, "USR2 this long before the time limit: checkpoint, requeue")
+    launcher: str = setting(
+        "srun",
+        "how the job script starts ranks: srun (a task per rank) "
+        "or torchrun (a task per node); submit() uses srun",
+    )
+    extra: dict[str, Any] = setting_from(dict, "more sbatch options, name: value (true: a flag)")
+
+    def __post_init__(self) -> None:
+        _positive(
+            "slurm",
+            nodes=self.nodes,
+            tasks_per_node=self.tasks_per_node,
+            cpus_per_task=self.cpus_per_task,
+            time_min=self.time_min,
+        )
+        _not_negative(
+            "slurm",
+            gpus_per_node=self.gpus_per_node,
+            mem_gb=self.mem_gb,
+            signal_delay_s=self.signal_delay_s,
+        )
+        _one_of("slurm", "launcher", self.launcher, LAUNCHERS)
+
+
+@dataclasses.dataclass(kw_only=True)
+class Config:
+    """A whole run."""
+
+    run: RunConfig = setting_from(RunConfig, "where outputs go and how a run starts")
+    model: FactoryConfig = setting_from(FactoryConfig, "the model factory")
+    data: DataConfig = setting_from(DataConfig, "the dataset factory and batching")
+    optim: OptimConfig = setting_from(OptimConfig, "optimizer and learning-rate schedule")
+    train: TrainConfig = setting_from(TrainConfig, "the training loop")
+    dist: DistConfig = setting_from(DistConfig, "process group and DDP knobs")
+    slurm: SlurmConfig = setting_from(SlurmConfig, "what hpcddp asks Slurm for")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, as saved in the run directory."""
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        """The resolved configuration as YAML that `hpcddp.config.load_config` reads back."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)

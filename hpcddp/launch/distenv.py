@@ -1,0 +1,49 @@
+"""`DistEnv`: one process's place in the job, as every later layer receives it.
+
+A frozen value, built once by `hpcddp.launch.resolve.resolve_env` and passed down (never read
+back from globals), so the process group, the trainer and the logs all see the same facts.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job, and how it reaches the others."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    job_id: str
+    # chosen after the launch context has placed the process (see `resolve_env`)
+    hostname: str = ""
+    device: str = "cpu"
+    backend: str = "gloo"
+
+    @property
+    def is_main(self) -> bool:
+        """True on the one process that writes files and prints."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when there is more than one process to talk to."""
+        return self.world_size > 1
+
+    def torch_env(self) -> dict[str, str]:
+        """The ``env://`` variables torch.distributed reads, as strings."""
+        return {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "GROUP_RANK": str(self.node_rank),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }

@@ -1,0 +1,148 @@
+"""``hpcddp train --nproc N``: N processes on this host, numbered by us, failing together.
+
+The children find their place through ``HPCDDP_LOCAL_*`` variables (see
+`hpcddp.launch.contexts.LocalContext`). If one child fails, the others are stopped soon after
+rather than left waiting in a collective until its timeout. The children report what ended
+them (`hpcddp.launch.reports`) instead of printing it, and the launcher prints each distinct
+cause once.
+"""
+
+import logging
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+
+from hpcddp.launch import reports
+
+log = logging.getLogger(__name__)
+
+# Variables of an outer launcher that would make a child mistake its own place in the job.
+_FOREIGN = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SUBMITIT_LOCAL_GLOBALID",
+)
+
+
+def free_port() -> int:
+    """A port the kernel says is free now (a local launch owns the whole host's view)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def child_env(
+    rank: int,
+    nproc: int,
+    port: int,
+    base: Mapping[str, str],
+    report_dir: pathlib.Path | None = None,
+) -> dict[str, str]:
+    """The environment of local rank ``rank`` of ``nproc``."""
+    env = {k: v for k, v in base.items() if k not in _FOREIGN}
+    env.update(
+        HPCDDP_LOCAL_RANK=str(rank),
+        HPCDDP_LOCAL_WORLD_SIZE=str(nproc),
+        HPCDDP_LOCAL_JOB_ID=str(os.getpid()),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    if report_dir is not None:
+        env[reports.REPORT_FILE_VAR] = str(report_dir / f"rank-{rank}.json")
+    return env
+
+
+def launch(argv: Sequence[str], nproc: int) -> int:
+    """Run ``python -m hpcddp <argv>`` in ``nproc`` processes; return the job's exit code."""
+    port = int(os.environ.get("MASTER_PORT") or free_port())
+    command = [sys.executable, "-m", "hpcddp", *argv]
+    with tempfile.TemporaryDirectory(prefix="hpcddp-reports-") as folder:
+        report_dir = pathlib.Path(folder)
+        children = [
+            subprocess.Popen(command, env=child_env(r, nproc, port, os.environ, report_dir))
+            for r in range(nproc)
+        ]
+        # Ctrl-C already reaches the children (same process group); forward only what does not.
+        previous = {
+            s: signal.signal(s, lambda n, f: _forward(children, n))
+            for s in (signal.SIGTERM, signal.SIGUSR2)
+        }
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda n, f: None)
+        try:
+            failed = _wait(children)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return _outcome(failed, reports.read_all(sorted(report_dir.glob("rank-*.json"))))
+
+
+def _outcome(failed: tuple[int, int] | None, found: list[reports.Report]) -> int:
+    """Print what ended the run, once; return the job's exit status."""
+    if failed is None:
+        return 0
+    lines, code = reports.summarize(found)
+    if not lines or code is None:  # no rank said why (killed, or it printed its traceback)
+        rank, code = failed
+        lines = [f"hpcddp: local rank {rank} exited with code {code}; the others were stopped"]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    return code
+
+
+def _forward(children: list[subprocess.Popen[bytes]], signum: int) -> None:
+    """Pass Ctrl-C / SIGTERM on to every child so they can stop cleanly."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+
+def _wait(
+    children: list[subprocess.Popen[bytes]], settle_s: float = 2.0, grace_s: float = 10.0
+) -> tuple[int, int] | None:
+    """Wait for all; on the first failure stop the rest; (rank, exit status) of that failure.
+
+    The others get ``settle_s`` to end on their own first: a refusal every rank reaches ends
+    them all within moments, and each then reports it rather than being cut off mid-sentence.
+    """
+    while True:
+        codes = [c.poll() for c in children]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            _settle(children, settle_s)
+            _stop(children, grace_s)
+            return rank, code if code > 0 else 128 - code
+        if all(c == 0 for c in codes):
+            return None
+        time.sleep(0.05)
+
+
+def _settle(children: list[subprocess.Popen[bytes]], settle_s: float) -> None:
+    """Give the survivors a moment to exit by themselves."""
+    deadline = time.monotonic() + settle_s
+    while any(c.poll() is None for c in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _stop(children: list[subprocess.Popen[bytes]], grace_s: float) -> None:
+    """SIGTERM the survivors, then SIGKILL whoever is still there after ``grace_s``."""
+    _forward(children, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        try:
+            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

@@ -1,0 +1,136 @@
+"""`resolve_env`: this process's place in the job, its device and its backend.
+
+The launch context places the process (`hpcddp.launch.contexts`); here the device and backend
+are chosen and the whole is checked, so an inconsistency is a `LaunchError` with a hint
+instead of a hang in ``init_process_group``. torch is imported only to count GPUs, inside
+`visible_cuda_devices`, so the login node never pays for it.
+"""
+
+import dataclasses
+import os
+import socket
+from collections.abc import Callable, Mapping
+
+from hpcddp.errors import LaunchError
+from hpcddp.launch.contexts import CONTEXTS, HINTS
+from hpcddp.launch.distenv import DistEnv
+
+BACKENDS = ("gloo", "nccl")
+
+
+def visible_cuda_devices() -> int:
+    """How many GPUs this process can see (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def choose_device(local_rank: int, visible: int) -> str:
+    """Pick this rank's GPU without ever rewriting CUDA_VISIBLE_DEVICES.
+
+    A task that sees exactly one GPU was bound to it by Slurm, so it is ``cuda:0`` whatever its
+    local rank; a task that sees the whole node takes ``local_rank % visible``.
+    """
+    if visible <= 0:
+        return "cpu"
+    return "cuda:0" if visible == 1 else f"cuda:{local_rank % visible}"
+
+
+def cpus_for_this_rank(env: DistEnv, environ: Mapping[str, str]) -> int | None:
+    """The CPUs this rank may use of those Slurm gave its task, or None when Slurm says nothing.
+
+    Only a Slurm step runs one rank per task; torchrun, ``hpcddp train --nproc`` and submitit's
+    local executor run all of a node's ranks inside one task, so they share its CPUs.
+    """
+    for name in ("SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK"):
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            shared_by = 1 if env.launcher == "slurm" else max(env.local_world_size, 1)
+            return max(int(value) // shared_by, 1)
+    return None
+
+
+def _device(
+    environ: Mapping[str, str], local_rank: int, cuda_devices: Callable[[], int]
+) -> tuple[str, int]:
+    """This rank's device and the GPU count it was chosen from (0 when none was counted).
+
+    ``HPCDDP_DEVICE=cuda`` without an index means "CUDA, the usual choice of index", not
+    ``cuda:0`` for every rank; an explicit device such as ``cpu`` or ``cuda:1`` is taken as is.
+    """
+    wanted = environ.get("HPCDDP_DEVICE")
+    if wanted and wanted != "cuda":
+        return wanted, 0
+    visible = cuda_devices()
+    if wanted == "cuda" and visible <= 0:
+        raise LaunchError(
+            "HPCDDP_DEVICE=cuda but this process sees no GPU. HINT: request GPUs "
+            "(--gpus-per-node), check CUDA_VISIBLE_DEVICES, or unset HPCDDP_DEVICE."
+        )
+    return choose_device(local_rank, visible), visible
+
+
+def _check_gpu_per_rank(p: DistEnv, visible: int, environ: Mapping[str, str]) -> None:
+    """Refuse a node with more NCCL ranks than GPUs: two ranks on one GPU hang NCCL.
+
+    Ranks that share one task (torchrun, a local launch) see the same GPUs, so fewer GPUs than
+    ranks means sharing. A Slurm task may instead be bound to GPUs of its own: one visible GPU,
+    or ``--gpus-per-task``, says nothing about its neighbours, so those are let through.
+    """
+    if not 0 < visible < p.local_world_size:
+        return
+    if p.launcher == "slurm" and (visible == 1 or environ.get("SLURM_GPUS_PER_TASK")):
+        return
+    raise LaunchError(
+        f"{p.launcher}: {p.local_world_size} ranks on this node but this rank sees only "
+        f"{visible} GPU(s), so ranks would share a GPU and NCCL would hang. HINT: request one "
+        "GPU per rank (`--gpus-per-task=1`), or start fewer tasks per node."
+    )
+
+
+def _check_placement(p: DistEnv) -> None:
+    """Refuse inconsistent numbers here rather than hang in init_process_group."""
+    problems = []
+    if p.world_size < 1:
+        problems.append(f"world size {p.world_size} < 1")
+    if not 0 <= p.rank < p.world_size:
+        problems.append(f"rank {p.rank} is not in [0, {p.world_size})")
+    if not 0 <= p.local_rank < max(p.local_world_size, 1):
+        problems.append(f"local rank {p.local_rank} is not in [0, {p.local_world_size})")
+    if problems:
+        raise LaunchError(
+            f"{p.launcher}: inconsistent launch information: "
+            f"{'; '.join(problems)}. HINT: {HINTS[p.launcher]}"
+        )
+
+
+def resolve_env(
+    environ: Mapping[str, str] | None = None,
+    *,
+    cuda_devices: Callable[[], int] = visible_cuda_devices,
+    hostname: str | None = None,
+) -> DistEnv:
+    """Resolve this process's place in the job from its environment (``os.environ`` by default).
+
+    ``HPCDDP_DEVICE`` (``cpu``, ``cuda`` for the usual GPU choice, or ``cuda:N``) and
+    ``HPCDDP_BACKEND`` (``gloo``/``nccl``) override the automatic choice of nccl on CUDA and
+    gloo otherwise.
+    """
+    environ = os.environ if environ is None else environ
+    context = next(c for c in CONTEXTS if c.detect(environ))
+    placement = context.resolve(environ)
+    _check_placement(placement)
+    device, visible = _device(environ, placement.local_rank, cuda_devices)
+    backend = environ.get("HPCDDP_BACKEND") or ("nccl" if device.startswith("cuda") else "gloo")
+    if backend not in BACKENDS:
+        raise LaunchError(
+            f"HPCDDP_BACKEND={backend!r} is not one of {BACKENDS}. "
+            "HINT: unset it to choose automatically."
+        )
+    if backend == "nccl":
+        _check_gpu_per_rank(placement, visible, environ)
+    return dataclasses.replace(
+        placement, hostname=hostname or socket.gethostname(), device=device, backend=backend
+    )

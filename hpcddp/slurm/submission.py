@@ -1,0 +1,402 @@
+"""`hpcddp.submit` and `hpcddp.sweep`: start runs on Slurm from Python, without waiting for them.
+
+The config's ``slurm`` section becomes submitit parameters; every task of the job runs the
+same trainer as ``hpcddp train`` (`TrainTask`), so a submitted run and an ``sbatch`` run of one
+config end with the same weights. Where Slurm is absent (no ``sbatch``, or no controller
+answering) submitit's local executor runs the tasks on this machine instead.
+
+submitit's own ``job.result()`` refuses multi-task jobs and waits on ``sacct``, which hangs
+forever on clusters without accounting (submitit#1720) when a job dies before writing its
+result. The jobs returned here return task 0's result (every rank agrees on the summary) and
+read the job's state from ``squeue``; see `hpcddp.slurm_queue`.
+"""
+
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import submitit
+from submitit.core.utils import DelayedSubmission
+from submitit.local.local import LocalJob
+from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
+
+from hpcddp.config import Config, SlurmConfig, apply_overrides, from_dict, load_config
+from hpcddp.errors import ConfigError, LaunchError
+from hpcddp.slurm import index as job_index
+from hpcddp.slurm import queue as slurm_queue
+from hpcddp.slurm.options import refuse_own_option
+
+log = logging.getLogger(__name__)
+
+CLUSTERS = ("slurm", "local")
+SLURM_OPTIONS = tuple(field.name for field in dataclasses.fields(SlurmConfig))
+
+
+class TrainTask:
+    """What every task of a submitted job runs: the shared trainer on one config (picklable)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def __call__(self) -> dict[str, Any]:
+        """Train (or resume) on this task's rank; the run's summary, or why it stopped."""
+        from hpcddp.train.trainer import Trainer  # torch is imported in the job, not at submission
+
+        result = Trainer(config=self.config).fit()
+        if result.get("stopped") and result.get("requeued"):
+            # Slurm restarts the job and its rerun resumes from the checkpoint. Leaving without
+            # a result (submitit writes none on SystemExit) keeps job.result() waiting for it.
+            raise SystemExit(0)
+        return result
+
+    def checkpoint(self) -> DelayedSubmission:
+        """submitit's hook for a signal that arrives outside training: requeue, then resume."""
+        return DelayedSubmission(self)
+
+    def __repr__(self) -> str:
+        return f"TrainTask(run.dir={self.config.run.dir!r})"
+
+
+# -- jobs whose result() works with many tasks and without sacct ------------------------------
+
+
+class _SqueueWatcher(SlurmInfoWatcher):
+    """submitit's shared state poller, reading ``squeue`` instead of ``sacct``."""
+
+    def update(self) -> None:
+        """One ``squeue`` call for every registered job that has not finished."""
+        pending = self._registered - self._finished
+        if not pending:
+            return
+        self._num_calls += 1
+        self._info_dict.update(slurm_queue.query_states(pending))
+        self._last_status_check = time.time()
+        for job_id in pending:
+            if self.is_done(job_id, mode="cache"):
+                self._finished.add(job_id)
+
+    def is_done(self, job_id: str, mode: str = "standard") -> bool:
+        """Done once Slurm shows an end state, or no longer lists the job at all."""
+        state = self.get_state(job_id, mode=mode)
+        return state != "UNKNOWN" and state.split()[0] not in slurm_queue.ACTIVE_STATES
+
+
+class SlurmRun(SlurmJob[dict[str, Any]]):
+    """A submitted Slurm job (or array task) of hpcddp ranks."""
+
+    watcher = _SqueueWatcher(delay_s=30)
+
+    def result(self) -> dict[str, Any]:
+        """Waits for every task; task 0's summary (the ranks agree); raises if any task failed."""
+        return self.results()[0]
+
+
+class LocalRun(LocalJob[dict[str, Any]]):
+    """A job of hpcddp ranks run by submitit's local executor on this machine."""
+
+    def result(self) -> dict[str, Any]:
+        """Waits for every task; task 0's summary (the ranks agree); raises if any task failed."""
+        return self.results()[0]
+
+
+def _adopt(job: Any, folder: pathlib.Path, cluster: str) -> SlurmRun | LocalRun:
+    """The same job, as one of the classes above."""
+    tasks = list(range(job.num_tasks))
+    if cluster == "local":
+        # submitit keeps the local controller's Popen on the job; it is how done() polls.
+        return LocalRun(folder=folder, job_id=job.job_id, tasks=tasks, process=job._process)
+    return SlurmRun(folder=folder, job_id=job.job_id, tasks=tasks)
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+def resolve_config(
+    config: Config | str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    slurm_options: Mapping[str, Any] | None = None,
+) -> Config:
+    """A checked Config from a Config or YAML path, ``key=value`` overrides and slurm options."""
+    slurm_options = dict(slurm_options or {})
+    unknown = sorted(set(slurm_options) - set(SLURM_OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"unknown submission option(s) {unknown}; valid options: "
+            f"{', '.join(SLURM_OPTIONS)}. HINT: they override the config's "
+            "slurm section, e.g. submit(config, nodes=2, tasks_per_node=4)."
+        )
+    if isinstance(config, Config):
+        data = apply_overrides(config.to_dict(), list(overrides))
+    elif isinstance(config, (str, os.PathLike)):
+        data = load_config(os.fspath(config), list(overrides)).to_dict()
+    else:
+        raise ConfigError(
+            f"config must be a hpcddp.Config or a YAML path, got "
+            f"{type(config).__name__}. HINT: submit('examples/quickstart.yaml')."
+        )
+    data["slurm"] = {**data["slurm"], **slurm_options}
+    resolved = from_dict(data)
+    if resolved.slurm.launcher != "srun":
+        raise ConfigError(
+            f"slurm.launcher={resolved.slurm.launcher} cannot be submitted from Python: submit() "
+            "starts one task per rank with srun. HINT: hpcddp sbatch renders a torchrun job "
+            "script; or set slurm.launcher=srun."
+        )
+    return resolved
+
+
+def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
+    """The slurm section as submitit AutoExecutor parameters (``slurm_*`` apply on Slurm only)."""
+    _check_extra(slurm.extra)
+    params: dict[str, Any] = {
+        "name": slurm.job_name,
+        "nodes": slurm.nodes,
+        "tasks_per_node": slurm.tasks_per_node,
+        "cpus_per_task": slurm.cpus_per_task,
+        "timeout_min": slurm.time_min,
+        "slurm_signal_delay_s": slurm.signal_delay_s,
+        # One dead rank ends the step instead of leaving the others waiting in a collective.
+        "slurm_srun_args": ["--kill-on-bad-exit=1"],
+        # Since Slurm 22.05 srun no longer inherits --cpus-per-task; without this, loaders starve.
+        "slurm_setup": ["export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}"],
+        # The trainer checkpoints on SIGUSR2 and requeues with `scontrol requeue`.
+        "slurm_additional_parameters": {"requeue": True, **slurm.extra},
+    }
+    optional = {
+        "gpus_per_node": slurm.gpus_per_node,
+        "mem_gb": slurm.mem_gb,
+        "slurm_partition": slurm.partition,
+        "slurm_account": slurm.account,
+        "slurm_qos": slurm.qos,
+    }
+    params.update({name: value for name, value in optional.items() if value})
+    return params
+
+
+def _check_extra(extra: Mapping[str, Any]) -> None:
+    """Refuse extra sbatch options that would contradict the named ones."""
+    for name, value in extra.items():
+        refuse_own_option(str(name))
+        if not isinstance(value, (str, int, float, bool)):
+            raise ConfigError(
+                f"slurm.extra.{name} must be a string, number or true, got "
+                f"{type(value).__name__}. HINT: e.g. extra: {{constraint: a100}}."
+            )
+
+
+# -- where the job runs -----------------------------------------------------------------------
+
+
+def choose_cluster(
+    cluster: str | None = None,
+    which: Callable[[str], str | None] | None = None,
+    run: Callable[..., "subprocess.CompletedProcess[str]"] | None = None,
+) -> str:
+    """``cluster`` if given, else Slurm when ``sbatch`` exists and a controller answers."""
+    which, run = which or shutil.which, run or subprocess.run
+    if cluster is not None:
+        if cluster not in CLUSTERS:
+            raise ConfigError(
+                f"cluster={cluster!r} is not one of {list(CLUSTERS)}. "
+                "HINT: leave it out to choose automatically."
+            )
+        if cluster == "slurm" and which("sbatch") is None:
+            raise LaunchError(
+                "cluster='slurm' but sbatch is not on PATH. HINT: submit from a "
+                "login node, or use cluster='local' to run on this machine."
+            )
+        return cluster
+    if which("sbatch") is None:
+        return "local"
+    try:  # a wrong SLURM_CONF makes Slurm clients retry for a minute
+        reply = run(["scontrol", "ping"], capture_output=True, text=True, timeout=15)
+        answered = reply.returncode == 0 and "UP" in reply.stdout
+        seen = (reply.stdout + reply.stderr).strip().splitlines()[-1:] or ["no output"]
+    except (OSError, subprocess.SubprocessError) as err:
+        answered, seen = False, [str(err)]
+    if answered:
+        return "slurm"
+    # Training on a login node by accident is worse than an error that says what to do.
+    raise LaunchError(
+        f"sbatch is on PATH but no Slurm controller answered `scontrol ping` "
+        f"({seen[0]}). HINT: check SLURM_CONF and the controller, or pass "
+        "cluster='local' (--cluster local) to run on this machine on purpose."
+    )
+
+
+def _executor(config: Config, cluster: str, **extra: Any) -> submitit.AutoExecutor:
+    """A submitit AutoExecutor for ``cluster`` with the config's resources."""
+    if cluster == "local" and config.slurm.nodes > 1:
+        raise ConfigError(
+            f"slurm.nodes={config.slurm.nodes}, but without Slurm the job runs "
+            "on this one machine. HINT: set nodes=1 (tasks_per_node ranks run "
+            "here), or submit from a machine where sbatch works."
+        )
+
+    folder = pathlib.Path(config.run.dir).absolute() / "submitit"
+    executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+    try:
+        executor.update_parameters(**executor_parameters(config.slurm), **extra)
+    except (ValueError, NameError, AssertionError) as err:
+        raise ConfigError(f"submitit refused the slurm settings: {err}") from None
+    return executor
+
+
+def _record(job: Any, config: Config, cluster: str, submitted_at: float) -> job_index.JobRecord:
+    """What `hpcddp status` and `hpcddp logs` will need once Slurm has forgotten the job."""
+    return job_index.JobRecord(
+        job_id=str(job.job_id),
+        cluster=cluster,
+        run_dir=str(pathlib.Path(config.run.dir).absolute()),
+        submitit_folder=str(job.paths.folder),
+        stdout=str(job.paths.stdout),
+        stderr=str(job.paths.stderr),
+        num_tasks=job.num_tasks,
+        submitted_at=submitted_at,
+    )
+
+
+# -- the two entry points ---------------------------------------------------------------------
+
+
+def submit(
+    config: Config | str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    *,
+    cluster: str | None = None,
+    **slurm_options: Any,
+) -> SlurmRun | LocalRun:
+    """Submit one run and return at once; ``job.result()`` waits and returns its summary.
+
+    ``slurm_options`` override the config's slurm section (``nodes=2, tasks_per_node=4,
+    time_min=30, ...``). ``cluster`` forces ``"slurm"`` or ``"local"``. submitit's files go to
+    ``<run.dir>/submitit/``; `hpcddp.job_index` records the job for ``hpcddp status`` and ``logs``.
+    """
+    config = resolve_config(config, overrides, slurm_options)
+    cluster = choose_cluster(cluster)
+    executor = _executor(config, cluster)
+    submitted_at = time.time()
+    job = _adopt(executor.submit(TrainTask(config)), executor.folder, cluster)
+    job_index.write_record(_record(job, config, cluster, submitted_at))
+    log.info(
+        "submitted job %s (%s, %d tasks), run dir %s",
+        job.job_id,
+        cluster,
+        job.num_tasks,
+        config.run.dir,
+    )
+    return job
+
+
+def sweep(
+    config: Config | str | os.PathLike[str],
+    grid: Mapping[str, Sequence[Any]],
+    overrides: Sequence[str] = (),
+    *,
+    max_parallel: int | None = None,
+    cluster: str | None = None,
+    **slurm_options: Any,
+) -> list[SlurmRun | LocalRun]:
+    """Submit one job array over the cartesian product of ``grid``; one job per point.
+
+    Each point runs in ``<run.dir>/<index>-<key=value,...>``. Every point's config is built and
+    checked here, so a bad value fails now, not in the job. ``max_parallel`` caps how many
+    array tasks run at once (Slurm only; the local executor starts them all).
+    """
+    base = resolve_config(config, overrides, slurm_options)
+    if max_parallel is not None and (not isinstance(max_parallel, int) or max_parallel < 1):
+        raise ConfigError(
+            f"max_parallel must be a positive integer, got {max_parallel!r}. "
+            "HINT: leave it out to run every point at once."
+        )
+    configs = [point_config(base, index, point) for index, point in enumerate(sweep_points(grid))]
+    cluster = choose_cluster(cluster)
+    limit = {"slurm_array_parallelism": max_parallel} if max_parallel else {}
+    executor = _executor(base, cluster, **limit)
+    submitted_at = time.time()
+    with executor.batch():
+        delayed = [executor.submit(TrainTask(point)) for point in configs]
+    submitted = [_adopt(job, executor.folder, cluster) for job in delayed]
+    for job, point in zip(submitted, configs, strict=True):
+        job_index.write_record(_record(job, point, cluster, submitted_at))
+    log.info("submitted sweep of %d runs (%s) under %s", len(submitted), cluster, base.run.dir)
+    return submitted
+
+
+# -- sweep points -----------------------------------------------------------------------------
+
+
+def sweep_points(grid: Mapping[str, Sequence[Any]]) -> list[tuple[tuple[str, Any], ...]]:
+    """The cartesian product of ``grid``, the first key varying slowest."""
+    if not isinstance(grid, Mapping) or not grid:
+        raise ConfigError(
+            "the sweep grid must be a non-empty mapping of keys to value lists. "
+            "HINT: sweep(config, {'optim.lr': [1e-3, 3e-3]})."
+        )
+    for key, values in grid.items():
+        if not isinstance(key, str) or "." not in key:
+            raise ConfigError(
+                f"sweep key {key!r} is not of the form section.key. HINT: e.g. 'optim.lr'."
+            )
+        if key.split(".")[0] == "slurm" or key == "run.dir":
+            raise ConfigError(
+                f"sweep key {key!r} cannot vary within one job array (every "
+                "point shares the resources and gets its own run.dir). HINT: "
+                "submit separate sweeps instead."
+            )
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            raise ConfigError(
+                f"sweep values for {key} must be a non-empty list, got "
+                f"{values!r}. HINT: {{'{key}': [a, b]}}."
+            )
+    return [tuple(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def point_config(base: Config, index: int, point: Sequence[tuple[str, Any]]) -> Config:
+    """The base config with one point's values and its own run directory, checked."""
+    data = base.to_dict()
+    for key, value in point:
+        *sections, name = key.split(".")
+        node: Any = data
+        for part in sections:
+            node = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(node, dict):
+                raise ConfigError(
+                    f"sweep key {key!r}: {part} is not a config section. "
+                    "HINT: see examples/quickstart.yaml for the sections."
+                )
+        node[name] = value
+    data["run"]["dir"] = str(pathlib.Path(base.run.dir) / run_dir_name(index, point))
+    try:
+        return from_dict(data)
+    except ConfigError as err:
+        raise ConfigError(f"sweep point {index} ({_describe(point)}): {err}") from None
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]+")
+
+
+def run_dir_name(index: int, point: Sequence[tuple[str, Any]], max_chars: int = 120) -> str:
+    """``3-optim.lr=0.001,train.epochs=2``: the index keeps names unique, the rest is for people."""
+    return f"{index}-{_UNSAFE.sub('_', _describe(point))}"[:max_chars]
+
+
+def _describe(point: Sequence[tuple[str, Any]]) -> str:
+    return ",".join(f"{key}={_text(value)}" for key, value in point)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,370 @@
+"""Rank-0 checkpoint storage that never loses work and never hands resume a broken file.
+
+Layout: ``<run_dir>/checkpoints/step-00000123.pt`` plus a sidecar ``step-00000123.pt.sha256``
+(``sha256sum`` format) holding the digest of the payload bytes.
+
+Why it is crash-safe: the payload goes to a dot-prefixed temp file, the sidecar to another;
+both are fsynced, the sidecar is renamed into place, then the payload, then the directory is
+fsynced. Resume only looks at ``step-*.pt`` names and only loads one whose bytes match its
+sidecar, so a kill at any point leaves either a complete verified checkpoint or debris that
+resume ignores (temp files, a sidecar without its ``.pt``, a ``.pt`` without a sidecar) and the
+next save removes. When a step is saved again, the sidecar lists the old and the new digest
+until the rename is done, so the old payload stays verifiable throughout.
+
+Why ``torch.save`` writes into ``atomic.HashingSink`` rather than a path: the sink hashes the
+bytes while they stream to disk (no second copy of the model in memory) and keeps the real
+``OSError(ENOSPC)``; torch itself reports a full disk only as ``RuntimeError: [enforce fail at
+inline_container.cc:672] . unexpected pos N vs M``, with no errno. The generic durable-write
+machinery (temp files, fsyncs, renames) lives in ``hpcddp.atomic``; this module decides names,
+sidecars, ordering, pruning and what resume may load.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import logging
+import os
+import pathlib
+import re
+import shutil
+import time
+from contextlib import contextmanager
+from typing import IO, cast
+
+import torch
+
+from hpcddp.errors import CheckpointError
+from hpcddp.storage import atomic
+
+log = logging.getLogger(__name__)
+
+_NAME_RE = re.compile(r"^step-(\d{8,})\.pt$")  # Temp files start with a dot: never a match.
+_SIDECAR_SUFFIX = ".sha256"
+_DISK_FULL_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}
+
+
+class CheckpointStore:
+    """Step-numbered checkpoints in ``<run_dir>/checkpoints/step-00000123.pt``.
+
+    Save only on rank 0; load on every rank. Constructing a store touches no files, so every
+    rank may build one.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, keep_last: int = 3):
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+            raise CheckpointError(
+                f"keep_last={keep_last!r} is invalid; expected an integer >= 1. "
+                "HINT: set train.keep_checkpoints to 1 or more."
+            )
+        self.run_dir = pathlib.Path(run_dir)
+        self.directory = self.run_dir / "checkpoints"
+        self.keep_last = keep_last
+
+    # -- naming ---------------------------------------------------------------------------------
+
+    def path_for(self, step: int) -> pathlib.Path:
+        """Final path of the checkpoint for ``step``."""
+        return self.directory / f"step-{step:08d}.pt"
+
+    # -- listing --------------------------------------------------------------------------------
+
+    def list_complete(self) -> list[tuple[int, pathlib.Path]]:
+        """``(step, path)`` of every finished checkpoint name, oldest first (not yet verified)."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot list checkpoint directory {self.directory}: {exc}. "
+                "HINT: check that run.dir points at a readable directory."
+            ) from exc
+        found = [(int(m.group(1)), self.directory / n) for n in names if (m := _NAME_RE.match(n))]
+        return sorted(found)
+
+    def latest_step(self) -> int | None:
+        """Step of the newest finished checkpoint name, or None if there is none."""
+        complete = self.list_complete()
+        return complete[-1][0] if complete else None
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def save(self, step: int, state: dict) -> pathlib.Path:
+        """Write ``state`` as the checkpoint for ``step`` crash-safely, then prune old ones.
+
+        Raises ``CheckpointError`` on any failure; earlier checkpoints are then untouched.
+        """
+        _check_step(step)
+        if not isinstance(state, dict):
+            raise CheckpointError(
+                f"checkpoint state for step {step} is a {type(state).__name__}; expected a dict. "
+                "HINT: pass a dict such as {'model': model.state_dict(), ...}."
+            )
+        self._make_directory()
+        try:
+            self._remove_debris()
+        except OSError as exc:  # Tidying up must never block a save.
+            log.warning("could not clean temp files in %s: %s", self.directory, exc)
+        started = time.perf_counter()
+        path = self.path_for(step)
+        try:
+            nbytes = self._write_checkpoint(path, step, state)
+        except OSError as exc:
+            raise self._write_error(step, exc, _tensor_bytes(state)) from exc
+        elapsed = time.perf_counter() - started
+        log.info(
+            "saved checkpoint %s (%.1f MB in %.2f s, %.0f MB/s)",
+            path,
+            nbytes / 1e6,
+            elapsed,
+            nbytes / 1e6 / max(elapsed, 1e-9),
+        )
+        self._prune(keep_step=step)
+        return path
+
+    def _make_directory(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot create checkpoint directory {self.directory}: {exc.strerror or exc}; "
+                "expected a writable directory. HINT: point run.dir at a writable location."
+            ) from exc
+
+    def _write_checkpoint(self, path: pathlib.Path, step: int, state: dict) -> int:
+        """Payload temp, sidecar, then the payload rename (see the module docstring).
+
+        Both temps are written before either is fsynced, so ext4 (data=ordered) flushes both
+        in one journal commit; one directory fsync then covers both renames, which journaling
+        filesystems persist in order. Returns the payload size in bytes.
+        """
+        sidecar = _sidecar(path)
+        tmp, digest, nbytes = atomic.stream_to_temp(path, lambda f: _torch_save(step, state, f))
+        temps = [tmp]
+        try:
+            digests = list(dict.fromkeys([*_old_digests(path), digest]))
+            temps.append(atomic.write_temp(sidecar, _sidecar_text(path, digests), fsync=False))
+            for temp in temps:
+                atomic.fsync_file(temp)
+            os.replace(temps[1], sidecar)
+            if len(digests) > 1:  # Replacing a step: its old payload must stay verifiable.
+                atomic.fsync_dir(self.directory)
+            atomic.commit(tmp, path)
+        except BaseException:
+            for temp in temps:
+                atomic.unlink_quietly(temp)
+            if not path.exists():
+                atomic.unlink_quietly(sidecar)
+            raise
+        if len(digests) > 1:  # Old payload is gone; keep only the digest that matches now.
+            atomic.atomic_write_bytes(sidecar, _sidecar_text(path, [digest]))
+        return nbytes
+
+    def _write_error(self, step: int, exc: OSError, tensor_bytes: int) -> CheckpointError:
+        """Turn an OSError from writing into a one-line CheckpointError with the fix."""
+        what = _DISK_FULL_ERRNOS.get(exc.errno or 0)
+        if what is None:
+            return CheckpointError(
+                f"checkpoint step {step} not saved to {self.directory}: {exc}; previous "
+                "checkpoints are intact. HINT: check that run.dir is writable and healthy."
+            )
+        free = _free_bytes(self.directory)
+        free_text = f", {free} bytes free" if free is not None else ""
+        return CheckpointError(
+            f"checkpoint step {step} not saved: {what} ({exc.strerror}) in {self.directory}; "
+            f"needed at least {tensor_bytes} bytes{free_text}; previous checkpoints are intact. "
+            "HINT: free space there (or lower train.keep_checkpoints), or point run.dir at a "
+            "filesystem with room."
+        )
+
+    def _prune(self, keep_step: int) -> None:
+        """Delete checkpoints beyond the newest ``keep_last``, never the one just written."""
+        complete = self.list_complete()
+        keep = {s for s, _ in complete[-self.keep_last :]} | {keep_step}
+        for step, path in complete:
+            if step in keep:
+                continue
+            # Payload first: a lone sidecar is ignored, a lone .pt is not.
+            atomic.unlink_quietly(path)
+            atomic.unlink_quietly(_sidecar(path))
+            log.debug("pruned checkpoint %s", path)
+
+    def _remove_debris(self) -> None:
+        """Delete what interrupted saves left behind; none of it is ever loaded anyway."""
+        for name in os.listdir(self.directory):
+            path = self.directory / name
+            if _is_debris(path):
+                log.info("removing %s, left behind by an interrupted save", path)
+                atomic.unlink_quietly(path)
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def load_latest(self, map_location="cpu") -> tuple[int, dict] | None:
+        """Newest checkpoint that verifies and loads safely, as ``(step, state)``.
+
+        Falls back past broken ones with a warning. Returns None if there are no checkpoints;
+        raises if there are some but none is usable, so a run never silently restarts at 0.
+        """
+        complete = self.list_complete()
+        for step, path in reversed(complete):
+            try:
+                return step, self.load(path, map_location=map_location)
+            except CheckpointError as exc:
+                log.warning("skipping checkpoint %s: %s", path, exc)
+        if complete:
+            raise CheckpointError(
+                f"none of the {len(complete)} checkpoints in {self.directory} is usable (see "
+                "warnings above); expected at least one that verifies. HINT: restore one from "
+                "backup, or move the directory away to deliberately start from scratch."
+            )
+        return None
+
+    def load(self, path: str | os.PathLike, map_location="cpu") -> dict:
+        """Verify ``path`` against its sidecar and load it with ``weights_only=True``."""
+        path = pathlib.Path(path)
+        data = _read_verified(path)
+        try:
+            state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+        except Exception as exc:  # Unpickling errors come in many types; all mean "unusable".
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(
+                f"checkpoint {path} cannot be loaded safely ({type(exc).__name__}: {reason}); "
+                "expected tensors and plain Python values only. HINT: it may be corrupt or "
+                "contain arbitrary objects; resume falls back to an older checkpoint."
+            ) from exc
+        if not isinstance(state, dict):
+            raise CheckpointError(
+                f"checkpoint {path} holds a {type(state).__name__}; expected a dict. "
+                "HINT: it was not written by hpcddp; move it out of the checkpoints directory."
+            )
+        return state
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _check_step(step: int) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(
+            f"checkpoint step {step!r} is invalid; expected an integer >= 0. "
+            "HINT: pass the global optimizer step."
+        )
+
+
+def _sidecar(path: pathlib.Path) -> pathlib.Path:
+    """The integrity record that belongs to checkpoint ``path``."""
+    return path.with_name(path.name + _SIDECAR_SUFFIX)
+
+
+def _sidecar_text(path: pathlib.Path, digests: list[str]) -> bytes:
+    """``sha256sum`` format, so ``sha256sum -c step-00000123.pt.sha256`` checks it by hand."""
+    return "".join(f"{d}  {path.name}\n" for d in digests).encode("ascii")
+
+
+def _torch_save(step: int, state: dict, sink: atomic.HashingSink) -> None:
+    """``torch.save`` that surfaces the sink's OSError instead of torch's opaque RuntimeError."""
+    try:
+        with _torch_crc32_disabled():
+            torch.save(state, cast(IO[bytes], sink))  # torch only calls write() and flush()
+    except Exception as exc:
+        if sink.error is not None:
+            raise sink.error from None  # e.g. ENOSPC; torch only says "unexpected pos N vs M".
+        raise CheckpointError(
+            f"checkpoint state for step {step} cannot be serialised: {type(exc).__name__}: "
+            f"{exc}. HINT: store only tensors, numbers, strings, lists and dicts."
+        ) from exc
+
+
+@contextmanager
+def _torch_crc32_disabled():
+    """Skip torch's per-record CRC32: our sha256 covers every byte, and torch.load never checks
+    the CRC anyway (a flipped byte loads silently). Saves a full pass over the data."""
+    previous = torch.serialization.get_crc32_options()  # Present in every torch we support.
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(previous)
+
+
+def _tensor_bytes(obj) -> int:
+    """Bytes of tensor data in a nested state: a lower bound on the checkpoint size."""
+    if isinstance(obj, torch.Tensor):
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _read_digests(sidecar: pathlib.Path) -> list[str]:
+    """Hex digests listed in a ``sha256sum``-format sidecar (one per line)."""
+    digests = []
+    for line in sidecar.read_text(encoding="ascii").splitlines():
+        token = line.split(" ", 1)[0].strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", token):
+            raise ValueError(f"malformed line {line[:80]!r}")
+        digests.append(token)
+    if not digests:
+        raise ValueError("no digest in it")
+    return digests
+
+
+def _old_digests(path: pathlib.Path) -> list[str]:
+    """Digests that keep an existing ``path`` verifiable while it is being replaced."""
+    if not path.exists():
+        return []
+    try:
+        return _read_digests(_sidecar(path))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return []  # The old payload was unverifiable anyway; nothing to preserve.
+
+
+def _read_verified(path: pathlib.Path) -> bytes:
+    """Bytes of ``path`` if their sha256 is listed in its sidecar; CheckpointError otherwise."""
+    sidecar = _sidecar(path)
+    try:
+        digests = _read_digests(sidecar)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(
+            f"checkpoint {path} has no valid integrity record {sidecar.name} ({exc}); expected "
+            "one written by save(). HINT: the save was interrupted or the file was copied "
+            "without it; resume falls back to an older checkpoint."
+        ) from exc
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read: {exc}. HINT: check the filesystem and permissions."
+        ) from exc
+    actual = hashlib.sha256(data).hexdigest()
+    if actual not in digests:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: sha256 {actual[:16]}... of its {len(data)} bytes does "
+            f"not match {sidecar.name}; expected {digests[-1][:16]}... HINT: it was truncated or "
+            "altered after saving; resume falls back to an older checkpoint."
+        )
+    return data
+
+
+def _is_debris(path: pathlib.Path) -> bool:
+    """A temp file whose writer is dead, or a sidecar whose checkpoint was never renamed."""
+    if (final := atomic.temp_target(path.name)) is not None:
+        return bool(_NAME_RE.match(final.removesuffix(_SIDECAR_SUFFIX))) and (
+            atomic.temp_writer_is_dead(path)
+        )
+    if path.name.endswith(_SIDECAR_SUFFIX):
+        payload = path.with_name(path.name.removesuffix(_SIDECAR_SUFFIX))
+        return bool(_NAME_RE.match(payload.name)) and not payload.exists()
+    return False
+
+
+def _free_bytes(directory: pathlib.Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None

@@ -1,0 +1,121 @@
+"""Sharded, resumable data loading: each rank sees its own part, in an order fixed by the seed.
+
+Exact resume needs two things the usual tutorial loop lacks: the loader must be able to start
+part-way through an epoch, and creating its iterator must not draw from the global RNG (a
+DataLoader without ``generator=`` does, and the weights then drift after a resume).
+"""
+
+import os
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from hpcddp.config import DataConfig
+from hpcddp.launch.distenv import DistEnv
+from hpcddp.launch.resolve import cpus_for_this_rank
+
+
+class ResumableSampler(Sampler[int]):
+    """A DistributedSampler that can skip the first samples of this rank's share of an epoch."""
+
+    def __init__(
+        self, dataset: Dataset[Any], env: DistEnv, *, shuffle: bool, seed: int, drop_last: bool
+    ) -> None:
+        self.inner: DistributedSampler[int] = DistributedSampler(
+            dataset,
+            num_replicas=env.world_size,
+            rank=env.rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Reshuffle for ``epoch`` (as every rank must) and begin at sample ``start``."""
+        self.inner.set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(self.inner)
+        return iter(indices[self.start :])
+
+    def __len__(self) -> int:
+        return len(self.inner) - self.start
+
+
+class EvalShard(Sampler[int]):
+    """Rank r takes samples r, r+W, ...: no padding, so reduced metrics count each sample once."""
+
+    def __init__(self, dataset: Dataset[Any], env: DistEnv) -> None:
+        self.indices = range(env.rank, len(_sized(dataset)), env.world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def default_num_workers(env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
+    """Workers per rank: this rank's share of its Slurm task's CPUs, else of this node's cores.
+
+    One CPU stays with the training process itself.
+    """
+    environ = os.environ if environ is None else environ
+    cpus = cpus_for_this_rank(env, environ)
+    if cpus is not None:
+        return max(cpus - 1, 0)
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return max(cores // max(env.local_world_size, 1) - 1, 0)
+
+
+def make_train_loader(
+    dataset: Dataset[Any], cfg: DataConfig, env: DistEnv, seed: int
+) -> DataLoader[Any]:
+    """The training loader: resumable sampler, own generator, workers kept between epochs."""
+    workers = cfg.num_workers if cfg.num_workers >= 0 else default_num_workers(env)
+    sampler = ResumableSampler(
+        dataset, env, shuffle=cfg.shuffle, seed=seed, drop_last=cfg.drop_last
+    )
+    return DataLoader(
+        dataset,
+        batch_size=cfg.batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=env.device.startswith("cuda"),
+        persistent_workers=workers > 0,
+        drop_last=cfg.drop_last,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def make_eval_loader(dataset: Dataset[Any], cfg: DataConfig, env: DistEnv) -> DataLoader[Any]:
+    """The evaluation loader: each sample on exactly one rank, no shuffling, no workers kept."""
+    # its own generator: creating an iterator must not draw from the global RNG
+    return DataLoader(
+        dataset,
+        batch_size=cfg.batch_size,
+        sampler=EvalShard(dataset, env),
+        pin_memory=env.device.startswith("cuda"),
+        generator=torch.Generator(),
+    )
+
+
+def start_epoch(loader: DataLoader[Any], epoch: int, seed: int, skip_batches: int = 0) -> None:
+    """Position the loader at ``epoch`` after ``skip_batches`` batches, identically on resume."""
+    sampler, batch_size, generator = loader.sampler, loader.batch_size, loader.generator
+    if not isinstance(sampler, ResumableSampler) or batch_size is None or generator is None:
+        raise TypeError("start_epoch needs a loader made by make_train_loader")
+    sampler.set_epoch(epoch, start=skip_batches * batch_size)
+    generator.manual_seed(seed * 100003 + epoch)
+
+
+def _sized(dataset: Dataset[Any]) -> Sized:
+    """A map-style dataset, which has a length (iterable datasets cannot be sharded by index)."""
+    if not isinstance(dataset, Sized):
+        raise TypeError(f"{type(dataset).__name__} has no len(); a map-style dataset is needed")
+    return dataset

@@ -1,0 +1,81 @@
+"""The model as DDP trains it: wrapping, precision, and a bucket layout fixed before step one.
+
+Kept apart from the training loop so each choice that decides the arithmetic (device ids,
+SyncBatchNorm, autocast dtype, GradScaler, bucket layout) is in one short place and can be
+tested without a GPU.
+"""
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from hpcddp.config import Config
+from hpcddp.launch.distenv import DistEnv
+
+
+def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross entropy over the last dimension; sequence outputs (B, T, V) are flattened."""
+    if outputs.dim() > 2:
+        outputs, targets = outputs.reshape(-1, outputs.size(-1)), targets.reshape(-1)
+    return F.cross_entropy(outputs, targets)
+
+
+def wrap(
+    model: torch.nn.Module, cfg: Config, env: DistEnv, device: torch.device
+) -> tuple[torch.nn.Module, DDP]:
+    """(the module to optimize and save, its DDP wrapper); SyncBatchNorm only across ranks."""
+    if cfg.train.sync_batchnorm and env.distributed:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if cfg.train.compile:
+        # in place, inside DDP: dynamo will not trace through DDP's own forward, and
+        # torch.compile(model) would prefix every checkpoint key with "_orig_mod."
+        model.compile()
+    d = cfg.dist
+    ddp = DDP(
+        model,
+        device_ids=[device] if device.type == "cuda" else None,
+        bucket_cap_mb=d.bucket_cap_mb,
+        find_unused_parameters=d.find_unused_parameters,
+        static_graph=d.static_graph,
+        gradient_as_bucket_view=d.gradient_as_bucket_view,
+    )
+    return model, ddp
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16 or fp16 autocast on the rank's device type; nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def make_scaler(precision: str) -> "torch.amp.GradScaler | None":
+    """fp16 needs loss scaling (CUDA only; bf16 keeps fp32's range and needs none)."""
+    return torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
+
+def settle_buckets(
+    ddp: DDP, model: torch.nn.Module, dataset, batch_size: int, device: torch.device, precision: str
+) -> None:
+    """One synchronized backward of a zero loss before training, changing nothing.
+
+    DDP lays out its gradient buckets once, then rebuilds them in the order gradients became
+    ready during the first synchronized backward. With more than two ranks the all-reduce adds
+    in an order that depends on that layout, so a resumed run (whose first step would use the
+    initial layout) drifted from an uninterrupted one in the last bits. Settling the layout here
+    makes every step of every run use the rebuilt one. Eval mode: no dropout draw, no batch-norm
+    statistics update; the zero gradients are dropped.
+    """
+    batch = torch.utils.data.default_collate(
+        [dataset[i] for i in range(min(batch_size, len(dataset)))]
+    )
+    model.eval()
+    with autocast(precision, device):
+        outputs = ddp(batch[0].to(device))
+    (outputs.float().sum() * 0).backward()
+    for param in model.parameters():
+        param.grad = None
+    model.train()

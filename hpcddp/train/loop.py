@@ -1,0 +1,380 @@
+"""The training loop of one rank: resume, accumulation windows, evaluation, checkpoints, stops.
+
+`TrainingRun.execute` reads top to bottom: resume from the latest complete checkpoint, train
+in accumulation windows (gradients sync on the last micro-batch only), evaluate and checkpoint
+on schedule, stop cleanly when the ranks agree to, and finish with a summary every rank agrees
+on. Rank discipline is visible where it happens: files and prints under ``is_main``; every rank
+reaches every collective.
+"""
+
+import contextlib
+import faulthandler
+import json
+import logging
+import math
+import os
+import pathlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hpcddp.config import Config
+from hpcddp.dist import collectives, failures
+from hpcddp.errors import ConfigError, DistributedError
+from hpcddp.launch.distenv import DistEnv
+from hpcddp.progress import ProgressBar, bar
+from hpcddp.storage.atomic import atomic_write_text
+from hpcddp.storage.metrics import MetricsLog
+from hpcddp.train import data, ddp, evaluation, preemption, rng
+from hpcddp.train.checkpointing import Checkpointer, Trained
+from hpcddp.train.optim import make_optimizer, make_scheduler
+from hpcddp.train.state import Progress, weights_sha256
+
+log = logging.getLogger(__name__)
+
+
+def split_datasets(made: Any) -> tuple[Any, Any]:
+    """A dataset factory returns ``train`` or ``(train, eval)`` or ``{"train":..., "eval":...}``."""
+    if isinstance(made, dict):
+        return made["train"], made.get("eval")
+    if isinstance(made, (tuple, list)):
+        return made[0], made[1] if len(made) > 1 else None
+    return made, None
+
+
+class Throughput:
+    """Samples per second between two logging steps."""
+
+    def __init__(self, samples_per_step: int) -> None:
+        self.samples_per_step = samples_per_step
+        self.since, self.since_step = time.perf_counter(), 0
+
+    def restart(self, step: int) -> None:
+        """Count from now and from ``step``."""
+        self.since, self.since_step = time.perf_counter(), step
+
+    def rate(self, step: int) -> float:
+        """Samples per second since the last restart; restarts the count."""
+        now = time.perf_counter()
+        samples = (step - self.since_step) * self.samples_per_step
+        rate = samples / max(now - self.since, 1e-9)
+        self.since, self.since_step = now, step
+        return rate
+
+
+class TrainingRun:
+    """One process's side of a training run: the model, data and optimizer, and the loop."""
+
+    def __init__(
+        self,
+        model_fn: Callable[..., torch.nn.Module],
+        dataset_fn: Callable[..., Any],
+        cfg: Config,
+        env: DistEnv,
+        device: torch.device,
+        run_dir: pathlib.Path,
+        stop_flag: preemption.StopFlag,
+    ) -> None:
+        self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
+        # installed by the caller for the whole run: a signal during set-up is a clean stop
+        self.stop_flag = stop_flag
+        rng.seed_everything(cfg.run.seed)  # identical initial weights on every rank
+        model = model_fn(**cfg.model.kwargs).to(device)
+        train_set, eval_set = split_datasets(dataset_fn(**cfg.data.kwargs))
+        self.train_loader = data.make_train_loader(train_set, cfg.data, env, cfg.run.seed)
+        self.eval_loader = (
+            None if eval_set is None else data.make_eval_loader(eval_set, cfg.data, env)
+        )
+        self.steps_per_epoch = math.ceil(len(self.train_loader) / cfg.train.grad_accum_steps)
+        if self.steps_per_epoch == 0:  # every rank gets the same number of samples
+            raise ConfigError(
+                f"the training set gives each rank {len(self.train_loader.sampler)} samples, "
+                f"not one batch (data.batch_size={cfg.data.batch_size}, data.drop_last=true, "
+                f"world size {env.world_size}). HINT: lower data.batch_size or set "
+                "data.drop_last=false."
+            )
+        self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
+        self.model, self.ddp = ddp.wrap(model, cfg, env, device)
+        self.loss_fn = getattr(self.model, "compute_loss", ddp.default_loss)
+        self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
+        self.scheduler = make_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.scaler = ddp.make_scaler(cfg.train.precision)
+        self.checkpoints = Checkpointer(
+            run_dir,
+            cfg.train.keep_checkpoints,
+            env,
+            Trained(self.model, self.optimizer, self.scheduler, self.scaler),
+        )
+        # creating its side group is a collective: every rank makes it here, in the same order
+        self.vote = preemption.StopVote(env.backend, env.distributed)
+        self.progress = Progress()
+        self.deadline: float | None = None  # when to stop ahead of the job's time limit
+        self.metrics: MetricsLog | None = None  # rank 0's metrics.jsonl, once resumed
+        self.last_eval: dict[str, float] | None = None
+        self.bar = ProgressBar(enabled=env.is_main)
+        self.throughput = Throughput(
+            cfg.data.batch_size * env.world_size * cfg.train.grad_accum_steps
+        )
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def execute(self) -> dict[str, Any]:
+        """Resume, train to the end (or a clean stop), then summarize."""
+        try:
+            # before resume: its forward may read the dataset, which may draw random numbers
+            ddp.settle_buckets(
+                self.ddp,
+                self.model,
+                self.train_loader.dataset,
+                self.cfg.data.batch_size,
+                self.device,
+                self.cfg.train.precision,
+            )
+            self._resume()
+            collectives.on_rank_zero(self._open_metrics, self.env.rank, "open metrics.jsonl")
+            self.deadline = self._deadline()
+            reason = self._train()
+            self.vote.result()  # drain the last vote so no collective is left in flight
+            return self._stopped(reason) if reason else self._finish()
+        except Exception as err:
+            with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
+                faulthandler.dump_traceback(log_file)  # every thread's stack, for post-mortems
+            explained = failures.explain(err, self.env, self.cfg.dist.timeout_s)
+            if explained is err:
+                raise
+            raise explained from err
+        finally:
+            self.bar.close()
+            if self.metrics:
+                self.metrics.close()
+
+    def _resume(self) -> None:
+        """Continue from the latest checkpoint, or start each rank's own random stream."""
+        resumed = self.checkpoints.resume() if self.cfg.run.resume else None
+        if resumed is None:
+            rng.seed_everything(self.cfg.run.seed + self.env.rank)  # own dropout stream
+        else:
+            self.progress = resumed
+
+    def _open_metrics(self) -> None:
+        """Rank 0's metrics.jsonl, forgetting lines past the checkpoint it resumed from."""
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.progress.step)
+
+    def _deadline(self) -> float | None:
+        """When to stop on our own, ahead of the job's time limit (rank 0 asks Slurm)."""
+        end = preemption.job_end_time(os.environ) if self.env.is_main else None
+        end = collectives.broadcast_object(end)
+        return None if end is None else end - self.cfg.train.stop_before_end_s
+
+    def _stopped(self, reason: int) -> dict[str, Any]:
+        """After the stop checkpoint: requeue a preempted Slurm job (rank 0) and report."""
+        outcome: dict[str, Any] = {
+            "stopped": True,
+            "step": self.progress.step,
+            "reason": preemption.REASON_NAMES[reason],
+        }
+        if reason == preemption.STOP_PREEMPTED:
+            requeued, message = collectives.on_rank_zero(
+                preemption.requeue, self.env.rank, "requeue the job"
+            )
+            outcome["requeued"] = requeued
+            (log.info if requeued else log.error)(
+                "preempted at step %d, checkpoint saved; %s", self.progress.step, message
+            )
+        return outcome
+
+    def _train(self) -> int:
+        """Epochs of accumulation windows; a stop reason if stopped early (checkpoint saved)."""
+        t = self.cfg.train
+        # max_steps, when set, decides alone: epochs then only count passes over the data
+        while self.progress.step < self.total_steps and (
+            t.max_steps or self.progress.epoch < t.epochs
+        ):
+            data.start_epoch(
+                self.train_loader,
+                self.progress.epoch,
+                self.cfg.run.seed,
+                skip_batches=self.progress.batch,
+            )
+            batches, left = iter(self.train_loader), len(self.train_loader)
+            self.throughput.restart(self.progress.step)
+            while left > 0 and self.progress.step < self.total_steps:
+                window = min(t.grad_accum_steps, left)
+                loss = self._step(batches, window)
+                left -= window
+                self.progress.batch += window
+                self.progress.step += 1
+                reason = self._after_step(loss, epoch_done=left == 0)
+                if reason:
+                    return reason
+                if self.bar.drawing:
+                    self._draw_bar()
+            if left == 0:  # not when max_steps ended the run inside the epoch
+                self.progress.epoch += 1
+                self.progress.batch = 0
+        return preemption.CARRY_ON
+
+    def _draw_bar(self) -> None:
+        """Rank 0's terminal line; the loss is the last logged one (no sync here)."""
+        loss = self.progress.last_loss
+        self.bar.update(
+            f"{bar(self.progress.step, self.total_steps)} step "
+            f"{self.progress.step}/{self.total_steps} epoch {self.progress.epoch} "
+            f"loss {'-' if math.isnan(loss) else f'{loss:.4f}'}"
+        )
+
+    def _step(self, batches: Iterator[Any], window: int) -> torch.Tensor:
+        """One optimizer step over ``window`` micro-batches; gradients sync on the last only."""
+        total = torch.zeros((), device=self.device)
+        for i in range(window):
+            inputs, targets = (x.to(self.device, non_blocking=True) for x in next(batches))
+            sync = contextlib.nullcontext() if i == window - 1 else self.ddp.no_sync()
+            with sync:
+                with ddp.autocast(self.cfg.train.precision, self.device):
+                    loss = self.loss_fn(self.ddp(inputs), targets) / window
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
+        self._optimizer_step()
+        return total
+
+    def _optimizer_step(self) -> None:
+        clip = self.cfg.optim.grad_clip_norm
+        if self.scaler:
+            if clip:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            if clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _after_step(self, loss: torch.Tensor, epoch_done: bool) -> int:
+        """Log, evaluate and checkpoint on schedule; a stop reason when the run must stop now."""
+        t, step = self.cfg.train, self.progress.step
+        last = step == self.total_steps
+        reason = self._stop_reason(last)
+        if step % t.log_every_steps == 0 or epoch_done or last or reason:
+            self._log_step(loss)
+        if (
+            (t.eval_every_steps and step % t.eval_every_steps == 0)
+            or (not t.eval_every_steps and epoch_done)
+            or last
+        ):
+            self.evaluate()
+        if (
+            (t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0)
+            or (not t.checkpoint_every_steps and epoch_done)
+            or last
+            or reason
+        ):
+            self.bar.clear()
+            self.checkpoints.save(self.progress, epoch_done)
+        return reason
+
+    def _stop_reason(self, last: bool) -> int:
+        """Read the vote cast after the previous step, then cast this step's (no waiting)."""
+        agreed = self.vote.result()
+        if agreed or last:
+            return preemption.CARRY_ON if last else agreed
+        t = self.cfg.train
+        if t.stop_after_steps and self.progress.step >= t.stop_after_steps:
+            log.info("stopping after step %d as asked (train.stop_after_steps)", self.progress.step)
+            return preemption.STOP_REQUESTED  # every rank knows this without a vote
+        self.vote.cast(preemption.reason_of(self.stop_flag, self.deadline))
+        return preemption.CARRY_ON
+
+    def _log_step(self, loss: torch.Tensor) -> None:
+        """All-reduce the step's loss (a sync point, so only on logging steps) and record it."""
+        if self.env.distributed:
+            nccl = self.env.backend == "nccl"
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
+            loss = loss if nccl else loss / self.env.world_size
+        self.progress.last_loss = loss.item()
+        samples_per_s = self.throughput.rate(self.progress.step)
+        if self.metrics:
+            self.bar.clear()
+            lr = self.scheduler.get_last_lr()[0]
+            self.metrics.write(
+                step=self.progress.step,
+                epoch=self.progress.epoch,
+                loss=self.progress.last_loss,
+                lr=lr,
+                samples_per_s=round(samples_per_s, 1),
+            )
+            log.info(
+                "step %d/%d epoch %d loss %.4f lr %.3g",
+                self.progress.step,
+                self.total_steps,
+                self.progress.epoch,
+                self.progress.last_loss,
+                lr,
+            )
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def evaluate(self, record: bool = True) -> dict[str, float] | None:
+        """Loss and accuracy over the eval set (every rank its shard), logged on rank 0."""
+        if self.eval_loader is None:
+            return None
+        result = evaluation.evaluate(
+            self.model,
+            self.eval_loader,
+            self.loss_fn,
+            self.device,
+            self.cfg.train.precision,
+            self.env.distributed,
+        )
+        self.last_eval = result
+        if self.metrics and record:
+            self.bar.clear()
+            self.metrics.write(step=self.progress.step, epoch=self.progress.epoch, **result)
+            log.info(
+                "eval at step %d: loss %.4f accuracy %.4f",
+                self.progress.step,
+                result["eval_loss"],
+                result["eval_accuracy"],
+            )
+        return result
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def _finish(self) -> dict[str, Any]:
+        """Check every rank holds the same weights, then write summary.json (rank 0)."""
+        if self.last_eval is None and self.eval_loader is not None:
+            self.evaluate(record=False)  # re-run of a finished run: same weights, same metrics
+        digest = weights_sha256(self.model)
+        gathered = collectives.all_gather_object((digest, self.env.hostname))
+        digests, hosts = [d for d, _ in gathered], [h for _, h in gathered]
+        if len(set(digests)) > 1:
+            bad = [r for r, d in enumerate(digests) if d != digests[0]]
+            raise DistributedError(
+                f"model weights differ across ranks (ranks {bad} disagree "
+                "with rank 0): DDP replicas diverged."
+            )
+        summary = {
+            "world_size": self.env.world_size,
+            "hosts": list(hosts),
+            "steps": self.progress.step,
+            "epochs": self.progress.epoch + (self.progress.batch > 0),
+            "final_loss": self.progress.last_loss,
+            "weights_sha256": digest,
+            "launcher": self.env.launcher,
+            "job_id": self.env.job_id,
+            **(self.last_eval or {}),
+        }
+        if self.env.is_main:
+            atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+            log.info(
+                "finished: %d steps, final loss %.4f, weights %s",
+                summary["steps"],
+                summary["final_loss"],
+                digest[:12],
+            )
+        return summary

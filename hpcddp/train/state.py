@@ -1,0 +1,31 @@
+"""Where training stands (`Progress`), and a fingerprint of the weights it produced.
+
+`Progress` is saved in every checkpoint; `weights_sha256` is equal exactly when the weights are
+bitwise equal, which is how resumed, relaunched and differently launched runs are compared.
+"""
+
+import dataclasses
+import hashlib
+
+import torch
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    batch: int = 0  # micro-batches of this epoch already consumed
+    last_loss: float = float("nan")
+
+
+def weights_sha256(module: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape, raw bytes) in a fixed order."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        tensor = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        # reshape first: a 0-d tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,128 @@
+"""The shared DDP trainer: user model and dataset in, checkpoints, metrics and a summary out.
+
+`Trainer.fit` joins the process group, prepares the run directory (rank 0), sets up logging,
+and hands over to `hpcddp.train.loop.TrainingRun`, which builds model, data and optimizer and
+runs the loop; the group and the logging are always torn down afterwards.
+"""
+
+import dataclasses
+import gc
+import logging
+import pathlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hpcddp.config import Config
+from hpcddp.dist import collectives as collective
+from hpcddp.dist.group import process_group
+from hpcddp.errors import ConfigError, HpcddpError
+from hpcddp.launch.distenv import DistEnv
+from hpcddp.launch.resolve import resolve_env
+from hpcddp.storage import rundir
+from hpcddp.train import preemption
+from hpcddp.train.factories import import_factory
+from hpcddp.train.logs import FILE_ONLY, setup_logging, teardown_logging
+from hpcddp.train.loop import TrainingRun
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    """Train ``model_fn()`` on ``dataset_fn()`` with DDP as the config says.
+
+    ``model_fn`` and ``dataset_fn`` may be callables or ``"package.module:function"`` paths; the
+    config's ``model.kwargs`` and ``data.kwargs`` are passed to them.
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[..., Any] | str | None = None,
+        dataset_fn: Callable[..., Any] | str | None = None,
+        config: Config | None = None,
+    ) -> None:
+        self.config = config or Config()
+        self.model_fn = _factory(model_fn or self.config.model.factory, "model")
+        self.dataset_fn = _factory(dataset_fn or self.config.data.factory, "data")
+
+    def fit(self, env: DistEnv | None = None) -> dict[str, Any]:
+        """Run (or resume) training to the end; returns the summary (``stopped`` if cut short).
+
+        Stop signals (USR2, TERM, Ctrl-C) are caught for the whole call, from set-up to
+        teardown, so one arriving at any moment is a clean stop, never a killed rank.
+        """
+        env = env or resolve_env()
+        if self.config.dist.backend:
+            env = dataclasses.replace(env, backend=self.config.dist.backend)
+        _check_precision(self.config.train.precision, env.device)
+        stop_flag = preemption.StopFlag()
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        if in_main_thread:  # Python lets only the main thread handle signals
+            stop_flag.install()
+        try:
+            return self._fit(env, stop_flag)
+        finally:
+            if in_main_thread:
+                stop_flag.uninstall()
+
+    def _fit(self, env: DistEnv, stop_flag: preemption.StopFlag) -> dict[str, Any]:
+        with process_group(env, self.config.dist.timeout_s) as device:
+            run_dir = collective.on_rank_zero(
+                lambda: rundir.prepare(self.config), env.rank, "prepare the run directory"
+            )
+            setup_logging(env, run_dir / "logs")
+            log.info(
+                "local rank %d, node %d/%d, device %s, backend %s, master %s:%d, "
+                "launcher %s, job %s",
+                env.local_rank,
+                env.node_rank,
+                env.num_nodes,
+                env.device,
+                env.backend,
+                env.master_addr,
+                env.master_port,
+                env.launcher,
+                env.job_id or "-",
+            )
+            try:
+                return self._run(env, device, run_dir, stop_flag)
+            except HpcddpError as err:  # printed once, by rank 0 or the launcher; kept by all
+                log.error("%s", err, extra=FILE_ONLY)
+                raise
+            finally:
+                teardown_logging()
+                gc.collect()  # the run is gone: DDP must not outlive its process group
+
+    def _run(
+        self,
+        env: DistEnv,
+        device: torch.device,
+        run_dir: pathlib.Path,
+        stop_flag: preemption.StopFlag,
+    ) -> dict[str, Any]:
+        """Build and execute the run here, so nothing holds it once this returns."""
+        run = TrainingRun(
+            self.model_fn, self.dataset_fn, self.config, env, device, run_dir, stop_flag
+        )
+        return run.execute()
+
+
+def _factory(spec: Callable[..., Any] | str, what: str) -> Callable[..., Any]:
+    if callable(spec):
+        return spec
+    if not spec:
+        raise ConfigError(
+            f"no {what} factory given. HINT: set {what}.factory: "
+            "'package.module:function' in the config."
+        )
+    return import_factory(spec, what)
+
+
+def _check_precision(precision: str, device: str) -> None:
+    if precision == "fp16" and not device.startswith("cuda"):
+        raise ConfigError(
+            "train.precision=fp16 needs CUDA (GradScaler); this rank runs on "
+            f"{device}. HINT: use train.precision=bf16 or fp32 on CPU."
+        )

@@ -1,0 +1,110 @@
+"""Clean stops on one host: Ctrl-C, and a stop signal that reaches only one rank."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hpcddp import exit_codes
+from tests.helpers import EXACT, QUICKSTART, REPO, summary, train_local, wait_for_step
+
+pytestmark = pytest.mark.slow
+LONG = [*EXACT, "train.epochs=40", "train.log_every_steps=1"]
+
+
+def start(run_dir):
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpcddp",
+            "train",
+            QUICKSTART,
+            f"run.dir={run_dir}",
+            *LONG,
+            "--nproc",
+            "2",
+        ],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def rank_pids(launcher):
+    out = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True)
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def checkpoint_steps(run_dir):
+    return sorted(int(p.stem.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*.pt"))
+
+
+def finish_and_compare(tmp_path, run_dir):
+    train_local(run_dir, *LONG)
+    train_local(tmp_path / "straight", *LONG)
+    assert summary(run_dir)["weights_sha256"] == summary(tmp_path / "straight")["weights_sha256"]
+
+
+def test_ctrl_c_stops_every_rank_and_keeps_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = start(run_dir)
+    wait_for_step(run_dir, 30)
+    os.killpg(launcher.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == exit_codes.INTERRUPTED, output[-3000:]
+    assert "Traceback" not in output
+    assert checkpoint_steps(run_dir)[-1] > 30
+    assert not (run_dir / "summary.json").exists()
+    assert not list((run_dir / "checkpoints").glob(".*tmp*"))
+    finish_and_compare(tmp_path, run_dir)
+
+
+def test_signal_reaching_one_rank_stops_all_at_the_same_step(tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = start(run_dir)
+    wait_for_step(run_dir, 30)
+    pids = rank_pids(launcher)
+    assert len(pids) == 2
+    os.kill(pids[1], signal.SIGUSR2)  # only one rank hears it; no deadlock, same stop step
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == exit_codes.STOPPED_NOT_REQUEUED, output[-3000:]
+    assert "not a Slurm job, nothing to requeue" in output
+    assert "re-run the same command to resume" in output
+    finish_and_compare(tmp_path, run_dir)
+
+
+def test_stops_before_the_time_limit_without_any_signal(tmp_path):
+    """No signal configured: the ranks still stop and checkpoint ahead of the job's end."""
+    run_dir = tmp_path / "run"
+    end = time.time() + 30  # what Slurm's SLURM_JOB_END_TIME / squeue %e would say
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpcddp",
+            "train",
+            QUICKSTART,
+            f"run.dir={run_dir}",
+            *LONG,
+            "train.stop_before_end_s=20",
+            "train.epochs=1000",
+            "--nproc",
+            "2",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "SLURM_JOB_END_TIME": str(int(end))},
+    )
+    output, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode == exit_codes.STOPPED_NOT_REQUEUED, output[-3000:]
+    assert time.time() < end  # stopped before the limit, not killed at it
+    assert "preempted at step" in output and "checkpoint saved" in output
+    assert checkpoint_steps(run_dir)

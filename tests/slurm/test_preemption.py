@@ -1,0 +1,62 @@
+"""Preemption on the real cluster: a 2-node job stopped twice by USR2, requeued, resumed, exact."""
+
+import pytest
+
+from tests.helpers import QUICK, summary, wait_for_step, wait_until
+
+pytestmark = pytest.mark.slow
+LONGER = [*QUICK, "train.epochs=6", "train.log_every_steps=1"]
+
+
+def test_preempted_twice_then_identical_weights(slurm_cluster, tmp_path):
+    options = ("--nodes=2", "--ntasks-per-node=2")
+    (tmp_path / "ref").mkdir()
+    slurm_cluster.sbatch(
+        tmp_path / "ref",
+        "sbatch/train.sh",
+        "examples/quickstart.yaml",
+        f"run.dir={tmp_path / 'straight'}",
+        *LONGER,
+        options=options,
+    )
+    expected = summary(tmp_path / "straight")
+
+    run_dir = tmp_path / "preempted"
+    job_id = slurm_cluster.run(
+        "sbatch",
+        "--parsable",
+        f"--output={tmp_path}/%x-%j.out",
+        "--job-name=preempt",
+        *options,
+        "sbatch/train.sh",
+        "examples/quickstart.yaml",
+        f"run.dir={run_dir}",
+        *LONGER,
+    ).stdout.strip()
+    try:
+        for restart, at_step in ((1, 10), (2, 40)):
+            wait_for_step(run_dir, at_step, timeout=180)
+            # what --signal=B:USR2@... does before the time limit: USR2 to the batch shell only
+            slurm_cluster.run("scancel", "--signal=USR2", "--batch", job_id)
+            wait_until(
+                lambda restart=restart: (
+                    f"Restarts={restart}"
+                    in slurm_cluster.run("scontrol", "-o", "show", "job", job_id).stdout
+                ),
+                f"requeue {restart}",
+                timeout=180,
+            )
+            slurm_cluster.wait_for(job_id, {"PENDING"}, timeout=60)
+            # a requeued job is held ~120 s (BeginTime); release it now
+            slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        final = slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+        output = (tmp_path / f"preempt-{job_id}.out").read_text()
+        assert final == "COMPLETED", output[-4000:]
+    finally:
+        slurm_cluster.run("scancel", job_id, check=False)
+    assert output.count("requeued") >= 2 and "restart 2" in output
+    got = summary(run_dir)
+    assert got["weights_sha256"] == expected["weights_sha256"]
+    assert got["steps"] == expected["steps"]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*.pt"))
+    assert checkpoints  # the stops left complete checkpoints behind, then the final one

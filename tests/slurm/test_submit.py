@@ -1,0 +1,236 @@
+"""`hpcddp.submit` / `sweep` from the "login node" (this process) onto the real local cluster,
+and `hpcddp status` / `logs` on a cluster without accounting (no sacct)."""
+
+import dataclasses
+import json
+import os
+import time
+
+import pytest
+from submitit.core.utils import FailedJobError, UncompletedJobError
+
+import hpcddp
+from hpcddp.slurm import submission
+from tests.helpers import QUICK, REPO, run_cli, summary, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(slurm_cluster, monkeypatch, tmp_path):
+    """Submit in-process: Slurm clients need SLURM_CONF in this process's own environment."""
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster.conf)
+    monkeypatch.setenv("HPCDDP_JOBS_DIR", str(tmp_path / "jobs"))
+    monkeypatch.chdir(REPO)
+    jobs = {"HPCDDP_JOBS_DIR": str(tmp_path / "jobs")}
+    return dataclasses.replace(slurm_cluster, cli_env={**slurm_cluster.cli_env, **jobs})
+
+
+def fields(text: str) -> dict[str, str]:
+    """`hpcddp status` output -> {key: value}."""
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
+
+
+def test_submit_two_nodes_from_the_login_node(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    job = hpcddp.submit(
+        "examples/quickstart.yaml", [f"run.dir={run_dir}", *QUICK], nodes=2, tasks_per_node=2
+    )
+    assert isinstance(job, submission.SlurmRun) and job.num_tasks == 4
+    done = job.result()  # blocks only here, not in submit()
+    assert done["world_size"] == 4 and done["launcher"] == "slurm"
+    assert done["hosts"] == cluster.ranks_on(2, 2) and done["job_id"] == job.job_id
+    assert done == summary(run_dir)
+    script = (run_dir / "submitit" / f"{job.job_id}_submission.sh").read_text()
+    assert "#SBATCH --requeue" in script and "--kill-on-bad-exit=1" in script
+
+    cluster.wait_for(job.job_id, {"COMPLETED"}, timeout=60)
+    status = run_cli("status", job.job_id, env=cluster.cli_env, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert fields(status.stdout) == {
+        "job": job.job_id,
+        "state": "COMPLETED",
+        "nodes": cluster.run(
+            "scontrol", "show", "hostlist", ",".join(cluster.nodes[:2])
+        ).stdout.strip(),
+        "run dir": str(run_dir),
+        "summary.json": "yes",
+        "output": str(run_dir / "submitit" / f"{job.job_id}_0_log.out"),
+    }
+
+    rank3 = run_cli("logs", job.job_id, "--rank", "3", env=cluster.cli_env, timeout=60)
+    assert rank3.returncode == 0, rank3.stderr
+    assert rank3.stdout == (run_dir / "logs" / "rank-3.log").read_text()
+    assert f"[rank 3/4 {cluster.nodes[1]}]" in rank3.stdout
+    output = run_cli("logs", job.job_id, env=cluster.cli_env, timeout=60)
+    assert "Job completed successfully" in output.stdout  # submitit's line in task 0's stdout
+    assert "finished: 16 steps" in output.stdout  # rank 0's log line, from task 0's stderr
+
+
+def test_sweep_is_one_array_with_limited_parallelism(cluster, tmp_path):
+    base = tmp_path / "sweep"
+    runs = hpcddp.sweep(
+        "examples/quickstart.yaml",
+        {"optim.lr": [0.001, 0.003]},
+        [f"run.dir={base}", *QUICK],
+        max_parallel=1,
+        nodes=1,
+        tasks_per_node=2,
+    )
+    array_id = runs[0].job_id.split("_")[0]
+    assert [job.job_id for job in runs] == [f"{array_id}_0", f"{array_id}_1"]
+    script = (base / "submitit" / f"{array_id}_submission.sh").read_text()
+    assert "#SBATCH --array=0-1%1" in script  # at most one task at a time
+
+    results = [job.result() for job in runs]
+    dirs = sorted(p.name for p in base.iterdir() if p.name != "submitit")
+    assert dirs == ["0-optim.lr=0.001", "1-optim.lr=0.003"]
+    for name, result in zip(dirs, results, strict=True):
+        assert summary(base / name) == result and result["world_size"] == 2
+    assert results[0]["weights_sha256"] != results[1]["weights_sha256"]
+
+    status = run_cli("status", array_id, env=cluster.cli_env, timeout=60)
+    blocks = [fields(block) for block in status.stdout.strip().split("\n\n")]
+    assert [(b["job"], b["run dir"]) for b in blocks] == [
+        (f"{array_id}_0", str(base / dirs[0])),
+        (f"{array_id}_1", str(base / dirs[1])),
+    ]
+    assert {b["summary.json"] for b in blocks} == {"yes"}
+
+
+def test_cli_submit_prints_the_id_and_does_not_wait(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    submitted = run_cli(
+        "submit",
+        "examples/quickstart.yaml",
+        "--nodes",
+        "1",
+        "--tasks-per-node",
+        "1",
+        "--time",
+        "5",
+        f"run.dir={run_dir}",
+        *QUICK,
+        "train.max_steps=3",
+        env=cluster.cli_env,
+        timeout=60,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    assert job_id.isdigit() and f"hpcddp status {job_id}" in submitted.stderr
+    record = json.loads((tmp_path / "jobs" / f"{job_id}.json").read_text())
+    assert record["run_dir"] == str(run_dir) and record["num_tasks"] == 1
+    cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+    status = fields(run_cli("status", job_id, env=cluster.cli_env, timeout=60).stdout)
+    assert (status["state"], status["summary.json"]) == ("COMPLETED", "yes")
+    assert summary(run_dir)["steps"] == 3
+
+
+def dying_dataset(**kwargs):
+    """The quickstart data, except that rank 1 dies hard mid-epoch: no exception, no result."""
+    from torch.utils.data import Dataset
+
+    from examples.quickstart import make_dataset
+
+    train, evaluation = make_dataset(**kwargs)
+
+    class Dying(Dataset):
+        served = 0
+
+        def __len__(self):
+            return len(train)
+
+        def __getitem__(self, index):
+            self.served += 1
+            if os.environ.get("SLURM_PROCID") == "1" and self.served > 100:
+                os._exit(9)  # like the OOM killer: nothing is cleaned up or written
+            return train[index]
+
+    return Dying(), evaluation
+
+
+def test_a_rank_that_dies_ends_result_without_sacct_and_fails_the_job(cluster, tmp_path):
+    """No result file and no accounting: job.result() must still end (submitit#1720)."""
+    run_dir = tmp_path / "run"
+    job = hpcddp.submit(
+        "examples/quickstart.yaml",
+        [f"run.dir={run_dir}", *QUICK, "data.factory=tests.slurm.test_submit:dying_dataset"],
+        nodes=1,
+        tasks_per_node=2,
+    )
+    started = time.monotonic()
+    # Rank 0 raises (gloo: "Connection closed by peer"), or is killed by --kill-on-bad-exit.
+    with pytest.raises((FailedJobError, UncompletedJobError)):
+        job.result()
+    assert time.monotonic() - started < 90
+    assert not (run_dir / "submitit" / f"{job.job_id}_1_result.pkl").exists()
+    cluster.wait_for(job.job_id, {"FAILED", "COMPLETED", "CANCELLED"}, timeout=60)
+    status = fields(run_cli("status", job.job_id, env=cluster.cli_env, timeout=60).stdout)
+    assert (status["state"], status["summary.json"]) == ("FAILED", "no")
+
+
+def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    job = hpcddp.submit(
+        "examples/quickstart.yaml",
+        [f"run.dir={run_dir}", "train.epochs=20"],
+        nodes=1,
+        tasks_per_node=2,
+    )
+    try:
+        wait_until((run_dir / "metrics.jsonl").exists, "the run to start", timeout=90)
+        cluster.run("scancel", "--signal=USR2", job.job_id)  # what --signal=USR2@N sends
+        cluster.wait_for(job.job_id, {"PENDING"}, timeout=60)  # requeued, held ~120 s
+        cluster.run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
+        done = job.result()
+    finally:
+        cluster.run("scancel", job.job_id, check=False)
+    assert done["steps"] == 20 * 16384 // 2 // 64 and done["world_size"] == 2
+    assert "Restarts=1" in cluster.run("scontrol", "show", "job", job.job_id).stdout
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "requeued" in log and "resumed from step" in log
+
+
+def test_scancel_stops_a_running_job_for_good(cluster, tmp_path):
+    """SIGTERM from scancel stops the run with a checkpoint and no self-requeue."""
+    run_dir = tmp_path / "run"
+    job = hpcddp.submit(
+        "examples/quickstart.yaml",
+        [f"run.dir={run_dir}", "train.epochs=20"],
+        nodes=1,
+        tasks_per_node=1,
+    )
+    try:
+        wait_until((run_dir / "metrics.jsonl").exists, "the run to start", timeout=90)
+        cluster.run("scancel", job.job_id)
+        stopped = job.result()
+        time.sleep(3)  # time for a self-requeue, if there were one
+        record = cluster.run("scontrol", "show", "job", job.job_id).stdout
+    finally:
+        cluster.run("scancel", job.job_id, check=False)  # a requeued, pending job: no signal
+    assert stopped["stopped"] and stopped["reason"] == "terminated"
+    assert "JobState=CANCELLED" in record and "Restarts=0" in record
+    status = fields(run_cli("status", job.job_id, env=cluster.cli_env, timeout=60).stdout)
+    assert (status["state"], status["summary.json"]) == ("CANCELLED", "no")
+
+
+def test_a_failing_job_is_failed_everywhere(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    job = hpcddp.submit(
+        "examples/quickstart.yaml",
+        [f"run.dir={run_dir}", *QUICK, "model.factory=examples.quickstart:nope"],
+        nodes=1,
+        tasks_per_node=2,
+    )
+    with pytest.raises(Exception, match="nope"):
+        job.result()
+    cluster.wait_for(job.job_id, {"FAILED", "COMPLETED"}, timeout=60)
+    status = fields(run_cli("status", job.job_id, env=cluster.cli_env, timeout=60).stdout)
+    assert status["state"] == "FAILED"
+
+
+def test_unknown_job_id_is_a_usage_error(cluster):
+    result = run_cli("status", "999999", env=cluster.cli_env, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("hpcddp: error: no job 999999")
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,451 @@
+"""Tests for hpcddp.checkpoint: round trips, pruning, crashes, corruption, full disks."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pathlib
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from hpcddp.errors import CheckpointError, HpcddpError
+from hpcddp.storage.atomic import atomic_write_bytes, atomic_write_text
+from hpcddp.storage.checkpoint import CheckpointStore
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+LOGGER = "hpcddp.storage.checkpoint"
+
+
+def _state(value: float = 0.0) -> dict:
+    return {"w": torch.full((4, 4), value), "step_value": value}
+
+
+def _names(directory: pathlib.Path) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+def _write_sidecar(path: pathlib.Path) -> None:
+    """An integrity record that matches ``path`` exactly, so only later checks can reject it."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    path.with_name(path.name + ".sha256").write_text(f"{digest}  {path.name}\n")
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _warnings_naming(caplog, path: pathlib.Path) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name == LOGGER and str(path) in r.getMessage()
+    ]
+
+
+# -- round trip and listing ----------------------------------------------------------------------
+
+
+def test_round_trip_of_training_state_under_weights_only(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])},
+        "step": 12,
+        "loss": 0.25,
+        "name": "run-a",
+        "nested": [[1, 2.5, "x"], {"k": [3, 4]}],
+    }
+    store = CheckpointStore(tmp_path)
+    path = store.save(12, state)
+
+    assert path == tmp_path / "checkpoints" / "step-00000012.pt"
+    step, loaded = store.load_latest()
+    assert step == 12
+    assert loaded["rng"]["torch"].dtype == torch.uint8
+    assert torch.equal(loaded["rng"]["torch"], state["rng"]["torch"])
+    assert loaded["rng"]["python"] == state["rng"]["python"]
+    assert (loaded["step"], loaded["loss"], loaded["name"]) == (12, 0.25, "run-a")
+    assert loaded["nested"] == [[1, 2.5, "x"], {"k": [3, 4]}]
+    for key, tensor in state["model"].items():
+        assert torch.equal(loaded["model"][key], tensor)
+    restored = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    restored.load_state_dict(loaded["optimizer"])
+    assert restored.state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
+
+
+def test_many_small_tensors_round_trip_and_torch_settings_are_restored(tmp_path):
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(200)])  # Merged writes.
+    crc_before = torch.serialization.get_crc32_options()
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"model": model.state_dict()})
+    loaded = store.load(store.path_for(1))["model"]
+    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+    assert torch.serialization.get_crc32_options() == crc_before
+    assert torch.equal(
+        torch.load(store.path_for(1), weights_only=True)["model"]["0.bias"], model[0].bias
+    )  # Still a plain torch.save file.
+
+
+def test_sidecar_works_with_sha256sum(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(7, _state())
+    done = subprocess.run(
+        ["sha256sum", "-c", "step-00000007.pt.sha256"],
+        cwd=store.directory,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_empty_store_has_no_checkpoint_and_creates_nothing(tmp_path):
+    store = CheckpointStore(tmp_path / "run")
+    assert store.list_complete() == []
+    assert store.latest_step() is None
+    assert store.load_latest() is None
+    assert not (tmp_path / "run").exists()  # Non-zero ranks must not create directories.
+
+
+@pytest.mark.parametrize(
+    ("steps", "keep_last", "kept"),
+    [
+        ([1, 2, 3, 4, 5], 3, [3, 4, 5]),
+        ([5, 17, 100, 101, 250], 3, [100, 101, 250]),
+        ([7, 9000, 123456789], 1, [123456789]),
+    ],
+)
+def test_keep_last_keeps_exactly_the_newest(tmp_path, steps, keep_last, kept):
+    store = CheckpointStore(tmp_path, keep_last=keep_last)
+    for step in steps:
+        store.save(step, _state(step))
+
+    assert [s for s, _ in store.list_complete()] == kept
+    expected = sorted(n for s in kept for n in (f"step-{s:08d}.pt", f"step-{s:08d}.pt.sha256"))
+    assert _names(store.directory) == expected  # Pruned sidecars go too.
+    assert store.latest_step() == kept[-1]
+
+
+def test_prune_never_deletes_the_checkpoint_just_written(tmp_path):
+    store = CheckpointStore(tmp_path, keep_last=1)
+    store.save(50, _state(50))
+    path = store.save(10, _state(10))  # e.g. resumed from an older step after a bad one.
+    assert path.exists()
+
+
+def test_list_ignores_temp_files_sidecars_and_foreign_names(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(3, _state())
+    for name in [
+        ".step-00000009.pt.tmp-host-1",
+        "step-00000009.pt.sha256",
+        "step-9.pt",
+        "step-00000009.pt.bak",
+        "notes.txt",
+    ]:
+        (store.directory / name).write_text("x")
+    assert store.list_complete() == [(3, store.path_for(3))]
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(4, _state(1.0))
+    store.save(4, _state(2.0))
+    assert store.load_latest()[1]["step_value"] == 2.0
+    assert len(store.path_for(4).with_name("step-00000004.pt.sha256").read_text().splitlines()) == 1
+
+
+def test_failed_resave_of_a_step_keeps_its_old_version(tmp_path, monkeypatch):
+    store = CheckpointStore(tmp_path)
+    store.save(4, _state(1.0))
+
+    def failing_commit(tmp, path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("hpcddp.storage.atomic.commit", failing_commit)
+    with pytest.raises(CheckpointError, match="step 4 not saved.*Input/output error.*HINT:"):
+        store.save(4, _state(2.0))
+    assert store.load_latest()[1]["step_value"] == 1.0
+    assert _names(store.directory) == ["step-00000004.pt", "step-00000004.pt.sha256"]
+
+
+# -- crashes mid-write ---------------------------------------------------------------------------
+
+
+def test_leftover_temp_file_is_never_loaded_and_is_cleaned_by_next_save(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, _state(1.0))
+    leftover = store.directory / f".step-00000002.pt.tmp-{socket.gethostname()}-{_dead_pid()}"
+    leftover.write_bytes(b"half a checkpoint")
+
+    orphan_record = store.directory / "step-00000002.pt.sha256"  # Killed before the rename.
+    orphan_record.write_text(f"{'0' * 64}  step-00000002.pt\n")
+
+    assert store.load_latest()[0] == 1
+    store.save(3, _state(3.0))
+    assert not leftover.exists() and not orphan_record.exists()
+
+
+def test_temp_file_of_a_live_writer_is_left_alone(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, _state())
+    live = store.directory / f".step-00000002.pt.tmp-{socket.gethostname()}-{os.getppid()}"
+    live.write_bytes(b"being written")
+    store.save(3, _state())
+    assert live.exists()
+
+
+_KILLED_SAVER = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    from hpcddp.storage.checkpoint import CheckpointStore
+    real_write = os.write
+    def slow_write(fd, data):  # Throttled so that the SIGKILL surely lands mid-write.
+        written = real_write(fd, data[: 1 << 20])
+        time.sleep(0.005)
+        return written
+    os.write = slow_write
+    CheckpointStore(sys.argv[1]).save(2, {"w": torch.ones(50_000_000)})  # 200 MB
+    """
+)
+
+
+def test_sigkill_during_save_keeps_previous_checkpoint(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, _state(1.0))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_SAVER, str(tmp_path)], env=env)
+    try:
+        temp = _wait_for_growing_temp(store.directory, proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    assert temp.exists() and temp.stat().st_size < 200_000_000  # Really killed mid-write.
+    assert [s for s, _ in store.list_complete()] == [1]
+    step, state = store.load_latest()
+    assert (step, state["step_value"]) == (1, 1.0)
+    store.save(3, _state(3.0))
+    assert not temp.exists()  # Its writer is dead, so the next save cleans it up.
+
+
+def _wait_for_growing_temp(directory: pathlib.Path, proc: subprocess.Popen) -> pathlib.Path:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the saver exited before it could be killed"
+        for name in os.listdir(directory):
+            path = directory / name
+            if name.startswith(".step-00000002.pt.tmp-") and path.stat().st_size > 0:
+                return path
+        time.sleep(0.002)
+    raise AssertionError("the saver never started writing its temp file")
+
+
+# -- corruption ----------------------------------------------------------------------------------
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_middle(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _empty_with_valid_record(path):
+    path.write_bytes(b"")
+    _write_sidecar(path)
+
+
+def _text_with_valid_record(path):
+    path.write_text("this is not a checkpoint\n")
+    _write_sidecar(path)
+
+
+def _missing_sidecar(path):
+    path.with_name(path.name + ".sha256").unlink()
+
+
+def _garbage_sidecar(path):
+    path.with_name(path.name + ".sha256").write_text("not a digest\n")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _truncate,
+        _flip_middle,
+        _empty_with_valid_record,
+        _text_with_valid_record,
+        _missing_sidecar,
+        _garbage_sidecar,
+    ],
+)
+def test_broken_latest_falls_back_with_warning(tmp_path, caplog, damage):
+    store = CheckpointStore(tmp_path)
+    store.save(1, _state(1.0))
+    latest = store.save(2, _state(2.0))
+    damage(latest)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+
+    step, state = store.load_latest()
+
+    assert (step, state["step_value"]) == (1, 1.0)
+    assert len(_warnings_naming(caplog, latest)) == 1
+    with pytest.raises(CheckpointError, match="HINT:"):
+        store.load(latest)
+
+
+def test_all_checkpoints_broken_raises_instead_of_restarting_from_zero(tmp_path, caplog):
+    store = CheckpointStore(tmp_path)
+    for step in (1, 2):
+        _truncate(store.save(step, _state()))
+    with pytest.raises(CheckpointError, match=r"none of the 2 checkpoints .* HINT:"):
+        store.load_latest()
+
+
+class _Exploit:
+    """Pickles to a call of os.system: loading it with full pickle would run the command."""
+
+    def __init__(self, marker: pathlib.Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_is_not_executed_and_falls_back(tmp_path, caplog):
+    store = CheckpointStore(tmp_path / "run")
+    store.save(1, _state(1.0))
+    marker = tmp_path / "pwned"
+    evil = store.path_for(2)
+    torch.save({"model": _Exploit(marker)}, evil)
+    _write_sidecar(evil)  # Valid integrity record: only weights_only stands in the way.
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+
+    step, _ = store.load_latest()
+
+    assert step == 1
+    assert not marker.exists()
+    assert len(_warnings_naming(caplog, evil)) == 1
+
+
+# -- write failures ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a 2 MiB tmpfs (needs root); unmounted afterwards whatever happens."""
+    mountpoint = tmp_path / "small"
+    mountpoint.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def test_disk_full_raises_clear_error_and_keeps_previous(tmpfs):
+    store = CheckpointStore(tmpfs)
+    store.save(1, {"w": torch.ones(10_000)})
+    with pytest.raises(CheckpointError) as info:
+        store.save(2, {"w": torch.ones(1_000_000)})  # 4 MB does not fit in 2 MiB.
+
+    message = str(info.value)
+    assert "disk is full" in message and "No space left" in message
+    assert str(store.directory) in message and "needed at least 4000000 bytes" in message
+    assert "HINT:" in message and "\n" not in message
+    assert _names(store.directory) == ["step-00000001.pt", "step-00000001.pt.sha256"]
+    assert torch.equal(store.load_latest()[1]["w"], torch.ones(10_000))
+
+
+def test_read_only_directory_raises_one_line_error_with_hint(tmpfs):
+    store = CheckpointStore(tmpfs)
+    store.save(1, _state(1.0))
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    with pytest.raises(CheckpointError) as info:
+        store.save(2, _state(2.0))
+    assert "Read-only file system" in str(info.value) and "HINT:" in str(info.value)
+    assert "\n" not in str(info.value)
+    assert store.load_latest()[0] == 1  # Loading on a read-only filesystem still works.
+
+
+def test_run_dir_under_a_regular_file_raises_one_line_error_with_hint(tmp_path):
+    (tmp_path / "file.txt").write_text("not a directory")
+    store = CheckpointStore(tmp_path / "file.txt" / "sub")
+    with pytest.raises(CheckpointError) as info:
+        store.save(1, _state())
+    message = str(info.value)
+    assert "cannot create checkpoint directory" in message and "HINT:" in message
+    assert "\n" not in message
+    assert isinstance(info.value, HpcddpError)
+
+
+def test_unserialisable_state_leaves_no_trace(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, _state(1.0))
+    with pytest.raises(CheckpointError, match="cannot be serialised.*HINT:"):
+        store.save(2, {"fn": lambda: None})
+    assert _names(store.directory) == ["step-00000001.pt", "step-00000001.pt.sha256"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "call"),
+    [
+        ({"keep_last": 0}, None),
+        ({}, lambda s: s.save(-1, {})),
+        ({}, lambda s: s.save(True, {})),
+        ({}, lambda s: s.save(1, [1, 2])),
+    ],
+)
+def test_invalid_arguments_raise_checkpoint_error(tmp_path, kwargs, call):
+    with pytest.raises(CheckpointError, match="expected .*HINT:"):
+        store = CheckpointStore(tmp_path, **kwargs)
+        call(store)
+
+
+# -- atomic writes -------------------------------------------------------------------------------
+
+
+def test_atomic_write_replaces_content_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "summary.json"
+    atomic_write_text(target, '{"a": 1}')
+    atomic_write_bytes(target, b'{"a": 2}')
+    assert target.read_text() == '{"a": 2}'
+    assert _names(tmp_path) == ["summary.json"]
+
+
+def test_atomic_write_failure_raises_oserror_and_keeps_old_file(tmp_path, monkeypatch):
+    target = tmp_path / "config.yaml"
+    target.write_text("old")
+
+    def failing_replace(src, dst):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        atomic_write_text(target, "new")
+    assert target.read_text() == "old"
+    assert _names(tmp_path) == ["config.yaml"]

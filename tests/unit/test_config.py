@@ -1,0 +1,135 @@
+"""Configuration: YAML and overrides onto checked dataclasses, with errors that name the fix."""
+
+import dataclasses
+
+import pytest
+import yaml
+
+from hpcddp.cli import main
+from hpcddp.config import Config, from_dict, load_config, reference
+from hpcddp.config.loading import field_types, type_name
+from hpcddp.config.sections import field_help
+from hpcddp.errors import ConfigError
+from tests.helpers import REPO
+
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+
+
+def test_quickstart_loads_and_round_trips_through_yaml():
+    config = load_config(QUICKSTART)
+    assert config.model.factory == "examples.quickstart:make_model"
+    assert from_dict(yaml.safe_load(config.to_yaml())) == config
+
+
+def test_overrides_keep_their_types():
+    config = load_config(
+        QUICKSTART,
+        [
+            "optim.lr=1e-2",
+            "train.epochs=7",
+            "run.name=123",
+            "data.drop_last=true",
+            "model.kwargs={hidden: 8}",
+            "optim.weight_decay=0",
+        ],
+    )
+    assert config.optim.lr == 0.01 and isinstance(config.optim.weight_decay, float)
+    assert config.train.epochs == 7 and config.run.name == "123"
+    assert config.data.drop_last is True and config.model.kwargs == {"hidden": 8}
+
+
+def test_defaults_need_no_file():
+    assert load_config(None) == Config()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim.lrr=1"], r"unknown key optim.lrr; valid keys: optim.name, optim.lr,"),
+        (["trian.epochs=1"], r"unknown key trian; valid keys: run, model, data"),
+        (["optim.lr=fast"], r"optim.lr must be float, got str 'fast'"),
+        (["train.epochs=1.5"], r"train.epochs must be int, got float 1.5"),
+        (["data.drop_last=3"], r"data.drop_last must be bool, got int 3"),
+        (["train.epochs=0"], r"train.epochs must be > 0, got 0"),
+        (["data.batch_size=-4"], r"data.batch_size must be > 0, got -4"),
+        (["optim.lr=0"], r"optim.lr must be > 0"),
+        (["slurm.nodes=0"], r"slurm.nodes must be > 0"),
+        (["dist.timeout_s=-1"], r"dist.timeout_s must be > 0"),
+        (["train.precision=fp8"], r"train.precision='fp8' is not one of"),
+        (["optim.name=lamb"], r"optim.name='lamb' is not one of"),
+        (["dist.backend=mpi"], r"dist.backend='mpi' is not one of"),
+        (["model.factory=nocolon"], r"must look like 'package.module:function'"),
+        (["lr=0.1"], r"unknown key lr"),
+        (["optim=3"], r"optim must be a mapping"),
+        (["=3"], r"is not of the form section.key=value"),
+        (["optim..lr=3"], r"is not of the form section.key=value"),
+        (["data.num_workers=-2"], r"data.num_workers must be >= 0"),
+    ],
+)
+def test_bad_values_are_one_line_errors_with_a_hint(overrides, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(QUICKSTART, overrides)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("run: {dir: [unclosed\n", r"not valid YAML at line \d+"),
+        ("- a\n- b\n", r"must be a mapping of sections, got list"),
+        ("run:\n  dir: x\n  dir2: y\n", r"unknown key run.dir2"),
+        ("!!python/object/apply:os.system ['true']\n", r"not valid YAML"),  # safe_load only
+    ],
+)
+def test_bad_files(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match=r"cannot read config /nonexistent.yaml"):
+        load_config("/nonexistent.yaml")
+
+
+# --- the reference: every field documented once, beside the field ------------------------
+
+
+def _every_field():
+    for section in dataclasses.fields(Config):
+        for field in dataclasses.fields(field_types(Config)[section.name]):
+            yield f"{section.name}.{field.name}", field
+
+
+def test_every_field_says_what_it_is_for():
+    missing = [key for key, field in _every_field() if len(field_help(field)) < 8]
+    assert not missing, f"fields without help: {missing}"
+
+
+def test_help_config_lists_every_key_with_type_default_and_help(capsys):
+    assert main(["train", "--help-config"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for key, field in _every_field():
+        line = next((line for line in lines if line.split()[:1] == [key]), None)
+        assert line is not None, f"{key} missing from --help-config"
+        assert line.rstrip().endswith(field_help(field))
+        kind = type_name(field_types(type(getattr(Config(), key.split(".")[0])))[field.name])
+        assert line.split()[1] == kind
+
+
+def test_the_readme_reference_is_generated_from_the_fields():
+    readme = (REPO / "README.md").read_text()
+    assert reference.as_markdown() in readme, (
+        "the README's configuration reference is stale. "
+        "HINT: run `python -m hpcddp.config.reference README.md` and commit the result."
+    )
+
+
+def test_regenerating_the_reference_keeps_the_rest_of_the_file(tmp_path):
+    page = tmp_path / "README.md"
+    page.write_text(f"# title\n\nbefore\n\n{reference.BEGIN}\nold\n{reference.END}\n\nafter\n")
+    assert reference.main([str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n")
+    assert reference.as_markdown() in text and "\nold\n" not in text

@@ -1,0 +1,138 @@
+"""`hpcddp plot`: a PNG from metrics.jsonl, and one-line errors when it cannot be drawn."""
+
+import argparse
+import json
+import logging
+import math
+import sys
+
+import pytest
+
+from hpcddp.cli import plot as plot_cli
+from hpcddp.errors import HpcddpError
+from hpcddp.storage import plot
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_metrics(run_dir, steps: int = 200, every: int = 10, eval_every: int = 50) -> None:
+    """metrics.jsonl as the trainer writes it: step lines, with eval lines in between."""
+    lines = []
+    for step in range(every, steps + 1, every):
+        lr = 1e-3 * min(step / 50, 1.0) * (0.55 + 0.45 * math.cos(math.pi * step / steps))
+        lines.append(
+            {
+                "step": step,
+                "epoch": step // 100,
+                "loss": 2.5 * math.exp(-step / 80) + 0.3,
+                "lr": lr,
+                "samples_per_s": 1000.0 + step % 30,
+                "time_s": step * 0.05,
+            }
+        )
+        if step % eval_every == 0:
+            lines.append(
+                {
+                    "step": step,
+                    "epoch": step // 100,
+                    "eval_loss": 2.4 * math.exp(-step / 90) + 0.35,
+                    "eval_accuracy": 0.5 + step / 500,
+                    "time_s": step * 0.05,
+                }
+            )
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def _one_line(err: pytest.ExceptionInfo) -> str:
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_writes_a_png_beside_the_metrics(tmp_path):
+    _write_metrics(tmp_path)
+    out = plot.plot_run(tmp_path)
+    assert out == tmp_path / "metrics.png"
+    data = out.read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    assert len(data) > 20_000  # three panels with lines, not an empty canvas
+
+
+def test_out_path_is_honoured_and_parents_created(tmp_path):
+    _write_metrics(tmp_path)
+    out = plot.plot_run(tmp_path, tmp_path / "figs" / "run.png")
+    assert out == tmp_path / "figs" / "run.png"
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_train_lines_only_still_plot(tmp_path):
+    _write_metrics(tmp_path, eval_every=10**9)
+    assert plot.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
+    _write_metrics(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
+    with pytest.raises(HpcddpError) as err:
+        plot.plot_run(tmp_path)
+    assert "pip install 'hpcddp[plot]'" in _one_line(err)
+    assert not (tmp_path / "metrics.png").exists()
+
+
+def test_missing_metrics_file_is_one_line_error(tmp_path):
+    with pytest.raises(HpcddpError) as err:
+        plot.plot_run(tmp_path)
+    message = _one_line(err)
+    assert "no metrics file" in message and "HINT:" in message
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", '{"step": 0, "note": "nothing to plot"}\n'])
+def test_empty_metrics_file_is_one_line_error(tmp_path, content):
+    (tmp_path / "metrics.jsonl").write_text(content)
+    with pytest.raises(HpcddpError) as err:
+        plot.plot_run(tmp_path)
+    assert "holds no training or eval metrics" in _one_line(err)
+
+
+def test_damaged_line_in_the_middle_is_named(tmp_path):
+    _write_metrics(tmp_path)
+    path = tmp_path / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2][:15]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(HpcddpError) as err:
+        plot.plot_run(tmp_path)
+    assert "line 3 is not JSON" in _one_line(err)
+
+
+def test_damaged_last_line_of_a_killed_run_is_skipped(tmp_path, caplog):
+    _write_metrics(tmp_path)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 210, "loss": 0.')  # the write a SIGKILL interrupted
+    logger = logging.getLogger("hpcddp.storage.plot")
+    logger.addHandler(caplog.handler)  # an in-process Trainer.fit may stop propagation
+    try:
+        assert plot.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "skipping the damaged last line 25" in caplog.text
+
+
+def test_subcommand_parses_runs_and_prints_the_path(tmp_path, capsys):
+    _write_metrics(tmp_path)
+    parser = argparse.ArgumentParser(prog="hpcddp")
+    plot_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    out = tmp_path / "custom.png"
+    args = parser.parse_args(["plot", str(tmp_path), "--out", str(out)])
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_subcommand_default_out(tmp_path, capsys):
+    _write_metrics(tmp_path)
+    parser = argparse.ArgumentParser(prog="hpcddp")
+    plot_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["plot", str(tmp_path)])
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "metrics.png")
