@@ -114,6 +114,14 @@ def start_epoch(loader: DataLoader[Any], epoch: int, seed: int, skip_batches: in
     generator.manual_seed(seed * 100003 + epoch)
 
 
+def samples_per_rank(loader: DataLoader[Any]) -> int:
+    """How many training samples each rank draws per epoch (the same on every rank)."""
+    sampler = loader.sampler
+    if not isinstance(sampler, ResumableSampler):
+        raise TypeError("samples_per_rank needs a loader made by make_train_loader")
+    return sampler.inner.num_samples
+
+
 def _sized(dataset: Dataset[Any]) -> Sized:
     """A map-style dataset, which has a length (iterable datasets cannot be sharded by index)."""
     if not isinstance(dataset, Sized):

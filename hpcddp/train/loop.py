@@ -90,11 +90,11 @@ class TrainingRun:
         )
         self.steps_per_epoch = math.ceil(len(self.train_loader) / cfg.train.grad_accum_steps)
         if self.steps_per_epoch == 0:  # every rank gets the same number of samples
+            per_rank = data.samples_per_rank(self.train_loader)
             raise ConfigError(
-                f"the training set gives each rank {len(self.train_loader.sampler)} samples, "
-                f"not one batch (data.batch_size={cfg.data.batch_size}, data.drop_last=true, "
-                f"world size {env.world_size}). HINT: lower data.batch_size or set "
-                "data.drop_last=false."
+                f"the training set gives each rank {per_rank} samples, not one batch "
+                f"(data.batch_size={cfg.data.batch_size}, data.drop_last=true, world size "
+                f"{env.world_size}). HINT: lower data.batch_size or set data.drop_last=false."
             )
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.model, self.ddp = ddp.wrap(model, cfg, env, device)
