@@ -2,7 +2,8 @@
 
 A bar redrawn with ``\\r`` is useful on a terminal and ruinous in a Slurm output file (one
 redraw per line); so it draws only when the stream is a terminal, at most ten times a second,
-and otherwise leaves the reporting to the log lines.
+and otherwise leaves the reporting to the log lines. A closed or vanished stderr (``2>&-``, a
+terminal that went away) silently stops the bar: it is never worth a failed run.
 """
 
 import sys
@@ -22,8 +23,8 @@ class ProgressBar:
     """Redraws ``text`` in place on a terminal; silent elsewhere."""
 
     def __init__(self, enabled: bool = True, stream: IO[str] | None = None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.drawing = enabled and self.stream.isatty()
+        self.stream = stream if stream is not None else sys.stderr  # None when fd 2 is closed
+        self.drawing = enabled and _is_terminal(self.stream)
         self.drawn = 0.0
         self.shown = False
 
@@ -32,19 +33,32 @@ class ProgressBar:
         now = time.monotonic()
         if self.drawing and (force or now - self.drawn >= REDRAW_S):
             self.drawn, self.shown = now, True
-            self.stream.write(f"\r\033[K{text}")
-            self.stream.flush()
+            self._write(f"\r\033[K{text}")
 
     def clear(self) -> None:
         """Wipe the bar so a log line can take its place; the next update redraws it."""
         if self.shown:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+            self._write("\r\033[K")
             self.shown = False
 
     def close(self) -> None:
         """End the bar's line so later output starts on a fresh one."""
         if self.shown:
-            self.stream.write("\n")
-            self.stream.flush()
+            self._write("\n")
             self.shown = False
+
+    def _write(self, text: str) -> None:
+        """Write, or stop drawing for good if the terminal is gone."""
+        try:
+            if self.stream is not None:
+                self.stream.write(text)
+                self.stream.flush()
+        except (OSError, ValueError):  # closed, broken pipe, terminal hung up
+            self.drawing = self.shown = False
+
+
+def _is_terminal(stream: IO[str] | None) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):  # a closed file
+        return False

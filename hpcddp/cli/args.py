@@ -1,18 +1,24 @@
 """Command-line pieces several subcommands share: ``[CONFIG] [key=value ...]`` and Slurm options."""
 
 import argparse
+import os
 from collections.abc import Sequence
 
 from hpcddp.errors import ConfigError
 from hpcddp.slurm.options import OPTIONS
 
 
+def is_config_path(item: str) -> bool:
+    """An item is the config file if it has no ``=``, or names a file or a .yaml anyway."""
+    return "=" not in item or item.endswith((".yaml", ".yml")) or os.path.isfile(item)
+
+
 def split_config_and_overrides(
     items: Sequence[str], config: str | None = None
 ) -> tuple[str | None, list[str]]:
-    """``[CONFIG] [key=value ...]``: the one item without ``=`` is the config file."""
-    overrides = [item for item in items if "=" in item]
-    paths = [item for item in items if "=" not in item]
+    """``[CONFIG] [key=value ...]``: the one item that is not an override is the config file."""
+    overrides = [item for item in items if not is_config_path(item)]
+    paths = [item for item in items if is_config_path(item)]
     if len(paths) + (config is not None) > 1:
         raise ConfigError(
             f"more than one config file given ({', '.join(paths)}). "

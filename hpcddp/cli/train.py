@@ -5,14 +5,19 @@ the Slurm subcommands stay light.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import pathlib
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from hpcddp import exit_codes
 from hpcddp.cli.args import split_config_and_overrides
 from hpcddp.config import load_config, reference
+from hpcddp.config.loading import read_text
 from hpcddp.errors import ConfigError
 
 
@@ -22,19 +27,35 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(reference.as_text(), end="", flush=True)
         return exit_codes.OK
     config_path, overrides = split_config_and_overrides(args.items, args.config)
-    config = load_config(config_path, overrides)  # fail here, once, before any process starts
-    if args.nproc is not None:
-        if args.nproc < 1:
-            raise ConfigError(
-                f"--nproc must be >= 1, got {args.nproc}. "
-                "HINT: leave it out to train in this process."
-            )
-        from hpcddp.launch.local import launch
+    if args.nproc is None:
+        config = load_config(config_path, overrides)  # bad input is refused before torch loads
+        from hpcddp.train.trainer import Trainer
 
-        return launch(["train", *([config_path] if config_path else []), *overrides], args.nproc)
-    from hpcddp.train.trainer import Trainer
+        return exit_code(Trainer(config=config).fit())
+    if args.nproc < 1:
+        raise ConfigError(
+            f"--nproc must be >= 1, got {args.nproc}. HINT: leave it out to train in this process."
+        )
+    from hpcddp.launch.local import launch
 
-    return exit_code(Trainer(config=config).fit())
+    with _readable_by_children(config_path) as shared:
+        load_config(shared, overrides)  # fail here, once, before any process starts
+        return launch(
+            ["train", *([f"--config={shared}"] if shared else []), *overrides], args.nproc
+        )
+
+
+@contextlib.contextmanager
+def _readable_by_children(path: str | None) -> Iterator[str | None]:
+    """The config as a file every rank can open: ``/dev/fd/N`` or a pipe is read once, here."""
+    if path is None or pathlib.Path(path).is_file():
+        yield path
+        return
+    text = read_text(pathlib.Path(path))
+    with tempfile.TemporaryDirectory(prefix="hpcddp-config-") as folder:
+        copy = pathlib.Path(folder) / "config.yaml"
+        copy.write_text(text)
+        yield str(copy)
 
 
 def exit_code(result: dict[str, Any]) -> int:

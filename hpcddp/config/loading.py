@@ -7,6 +7,7 @@ an unknown key names the valid ones and the closest match, so a typo fails at st
 import dataclasses
 import difflib
 import functools
+import math
 import pathlib
 import typing
 from collections.abc import Sequence
@@ -14,10 +15,12 @@ from typing import Any
 
 import yaml
 
+from hpcddp.config import safe_yaml
 from hpcddp.config.sections import Config
 from hpcddp.errors import ConfigError
 
 _SCALARS = (bool, int, float, str)
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few kB; this refuses /dev/zero and data files fast
 
 
 @functools.cache
@@ -40,13 +43,12 @@ def type_name(kind: Any) -> str:
 def _coerce(value: Any, kind: Any, where: str) -> Any:
     """Check one value against its field's type, accepting ints where floats are expected."""
     kind = _origin(kind)
-    if kind is float and isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    if kind is float:
+        return _finite(_float(value), where)
+    if kind is str and type(value) is str and "\x00" in value:
+        raise ConfigError(
+            f"{where} contains a NUL byte ({value!r}). HINT: remove it; no path or name holds one."
+        )
     if kind in (*_SCALARS, dict) and type(value) is kind:
         return value
     if kind not in (*_SCALARS, dict):
@@ -55,6 +57,33 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
         f"{where} must be {type_name(kind)}, got {type(value).__name__} {value!r}. "
         f"HINT: write it as a {type_name(kind)} in YAML or on the command line."
     )
+
+
+def _float(value: Any) -> Any:
+    """Ints, and strings YAML 1.1 left unread (``1e-3`` without a dot), as floats."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _finite(value: Any, where: str) -> Any:
+    """A float that is a number: .nan and .inf would poison every step that uses them."""
+    if not isinstance(value, float):
+        raise ConfigError(
+            f"{where} must be float, got {type(value).__name__} {value!r}. "
+            "HINT: write it as a float in YAML or on the command line."
+        )
+    if not math.isfinite(value):
+        raise ConfigError(
+            f"{where} must be a finite number, got {value}. HINT: write a number (0 disables "
+            "most options)."
+        )
+    return value
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
@@ -93,7 +122,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
             "HINT: e.g. optim.lr=0.01 train.epochs=3"
         )
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = safe_yaml.load(raw, f"override {key}") if raw else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -108,8 +137,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {text!r}: {part} is not a section.")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and _is_str_field(path):
-            value = str(value)
+        if _is_str_field(path) and not isinstance(value, str):
+            value = text.partition("=")[2].strip()  # run.name=123 or run.dir= mean the text
         node[path[-1]] = value
     return data
 
@@ -126,17 +155,11 @@ def _is_str_field(path: list[str]) -> bool:
 
 
 def read_yaml(path: str | pathlib.Path) -> Any:
-    """Load one YAML file with safe_load, turning every failure into a one-line ConfigError."""
+    """Load one YAML file safely, turning every failure into a one-line ConfigError."""
     path = pathlib.Path(path)
+    text = read_text(path)
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(
-            f"cannot read config {path}: {err.strerror}. "
-            "HINT: check the path (examples/quickstart.yaml is one)."
-        ) from None
-    try:
-        data = yaml.safe_load(text)
+        data = safe_yaml.load(text, str(path))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -145,6 +168,33 @@ def read_yaml(path: str | pathlib.Path) -> Any:
             f"{getattr(err, 'problem', err)}. HINT: fix the YAML syntax there."
         ) from None
     return data if data is not None else {}
+
+
+def read_text(path: pathlib.Path) -> str:
+    """The file as UTF-8 text, refused in one line when it is missing, huge or not text."""
+    if "\x00" in str(path):
+        raise ConfigError(f"config path {str(path)!r} contains a NUL byte. HINT: fix the path.")
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot read config {path}: {err.strerror}. "
+            "HINT: check the path (examples/quickstart.yaml is one)."
+        ) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"config {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB, so it is not a config. "
+            "HINT: pass the YAML config file, and put data paths in data.kwargs."
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ConfigError(
+            f"config {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} on line {line}). "
+            "HINT: save it as UTF-8 (iconv -f latin1 -t utf-8, or your editor's encoding menu)."
+        ) from None
 
 
 def load_config(path: str | pathlib.Path | None = None, overrides: Sequence[str] = ()) -> Config:

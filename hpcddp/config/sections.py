@@ -7,6 +7,7 @@ configuration reference read it from.
 """
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -53,6 +54,16 @@ def _not_negative(section: str, **values: float) -> None:
             )
 
 
+def _fraction(section: str, **values: float) -> None:
+    """Raise unless each value lies in [0, 1]."""
+    for name, value in values.items():
+        if not 0 <= value <= 1:
+            raise ConfigError(
+                f"{section}.{name} must be between 0 and 1, got {value}. "
+                f"HINT: set {section}.{name} to a fraction such as 0.1."
+            )
+
+
 def _one_of(section: str, name: str, value: object, allowed: tuple[str, ...]) -> None:
     """Raise if a choice is not among the allowed ones."""
     if value not in allowed:
@@ -71,6 +82,14 @@ class RunConfig:
     seed: int = setting(0, "seeds weights, data order and every rank's random streams")
     resume: bool = setting(True, "continue from the latest complete checkpoint in run.dir")
     force: bool = setting(False, "resume into a run directory written by a different config")
+
+    def __post_init__(self) -> None:
+        if not self.dir.strip():
+            raise ConfigError(
+                "run.dir is empty, so the run would write into the current directory. "
+                "HINT: set run.dir=runs/<name>."
+            )
+        self.dir = os.path.expanduser(self.dir)  # "~/runs/x": the shell would have expanded it
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -125,6 +144,7 @@ class OptimConfig:
         _one_of("optim", "name", self.name, ("adamw", "sgd"))
         _one_of("optim", "schedule", self.schedule, ("cosine", "constant"))
         _positive("optim", lr=self.lr)
+        _fraction("optim", min_lr_ratio=self.min_lr_ratio, momentum=self.momentum)
         _not_negative(
             "optim",
             warmup_steps=self.warmup_steps,

@@ -11,6 +11,8 @@ import re
 import subprocess
 from collections.abc import Callable, Iterable
 
+from hpcddp.errors import HpcddpError
+
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 # Slurm states in which a job may still produce output (everything else is an end state).
@@ -34,6 +36,13 @@ ACTIVE_STATES = frozenset(
 )
 # The state of a job that Slurm no longer lists: it ended at least MinJobAge seconds ago.
 LEFT_QUEUE = "LEFT_QUEUE"
+# How long `hpcddp status` and `logs` wait for the controller: an unreachable one must not
+# hang a command on the login node (Slurm's own clients retry for MessageTimeout and more).
+ASK_TIMEOUT_S = 4.0
+
+
+class SlurmUnreachable(HpcddpError):
+    """The controller did not answer (down, unreachable, wrong SLURM_CONF, no Slurm here)."""
 
 
 def _run(
@@ -117,10 +126,26 @@ def parse_scontrol(text: str) -> list[dict[str, str]]:
 
 
 def scontrol_record(job_id: str, run: Runner | None = None) -> dict[str, str] | None:
-    """Slurm's view of one job (``123`` or ``123_4``); None once it has forgotten the job."""
-    result = _run(["scontrol", "show", "job", "-o", job_id], run)
-    if result is None or result.returncode != 0:
+    """Slurm's view of one job (``123`` or ``123_4``); None once it has forgotten the job.
+
+    Raises `SlurmUnreachable` within `ASK_TIMEOUT_S` when the controller does not answer, so
+    that a forgotten job and a silent controller are never mistaken for each other.
+    """
+    command = ["scontrol", "show", "job", "-o", job_id]
+    result = _run(command, run, timeout_s=ASK_TIMEOUT_S)
+    if result is None:
+        raise SlurmUnreachable(
+            f"`{' '.join(command)}` did not answer within {ASK_TIMEOUT_S:.0f} s (or scontrol is "
+            "not installed here). HINT: check the controller with `scontrol ping` and SLURM_CONF."
+        )
+    if result.returncode != 0 and "Invalid job id" in result.stderr:
         return None
+    if result.returncode != 0:
+        reason = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SlurmUnreachable(
+            f"Slurm could not say anything about job {job_id}: {reason}. "
+            "HINT: check the controller with `scontrol ping` and SLURM_CONF."
+        )
     records = parse_scontrol(result.stdout)
     if "_" in job_id:  # a pending array may still be one record covering many tasks
         _array_id, index = job_id.split("_", 1)

@@ -14,7 +14,7 @@ from typing import Any
 
 from hpcddp.errors import ConfigError
 from hpcddp.slurm.index import JobRecord, find_records, jobs_dir
-from hpcddp.slurm.queue import LEFT_QUEUE, Runner, scontrol_record
+from hpcddp.slurm.queue import LEFT_QUEUE, Runner, SlurmUnreachable, scontrol_record
 
 # -- the outcome ------------------------------------------------------------------------------
 
@@ -118,15 +118,21 @@ def job_status(
 
 
 def _record_status(record: JobRecord, run: Runner | None) -> JobStatus:
-    slurm = scontrol_record(record.job_id, run) if record.cluster == "slurm" else None
+    slurm, silence = None, ""
+    if record.cluster == "slurm":
+        try:
+            slurm = scontrol_record(record.job_id, run)
+        except SlurmUnreachable as err:  # say so, and still tell what the run's files say
+            silence = str(err).split(" HINT:")[0]
     if record.cluster == "local":
         state = "RUNNING" if _local_alive(record.job_id) else None
     else:
         state = slurm.get("JobState") if slurm else LEFT_QUEUE
+    outcome = file_outcome(record)
     summary = (pathlib.Path(record.run_dir) / "summary.json").exists()
     return JobStatus(
         job_id=record.name,
-        state=final_state(state, file_outcome(record)),
+        state=(outcome or f"UNKNOWN ({silence})") if silence else final_state(state, outcome),
         nodes=_nodes(slurm) if slurm else ("localhost" if record.cluster == "local" else ""),
         reason=(slurm or {}).get("Reason", ""),
         run_dir=record.run_dir,

@@ -11,12 +11,14 @@ Layout::
 
 import logging
 import pathlib
+from typing import Any
 
 import yaml
 
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 from hpcddp.storage.atomic import atomic_write_text
+from hpcddp.storage.runlock import RunLock
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,8 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     return diffs
 
 
-def prepare(config: Config) -> pathlib.Path:
-    """Create the run directory (rank 0), refusing one written by a different config."""
+def prepare(config: Config, lock: RunLock | None = None) -> pathlib.Path:
+    """Create the run directory (rank 0), take its ``lock``, refuse a different config."""
     root = pathlib.Path(config.run.dir)
     try:
         (root / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -69,9 +71,11 @@ def prepare(config: Config) -> pathlib.Path:
             f"cannot create run directory {root}: {err.strerror}. "
             "HINT: set run.dir=<a writable path>."
         ) from None
+    if lock is not None:
+        lock.acquire()
     saved_path = root / "config.yaml"
     if saved_path.exists() and not config.run.force:
-        diffs = config_differences(yaml.safe_load(saved_path.read_text()) or {}, config.to_dict())
+        diffs = config_differences(_saved_config(saved_path), config.to_dict())
         if diffs:
             raise ConfigError(
                 f"run directory {root} holds a run with a different config ({'; '.join(diffs[:3])}"
@@ -80,3 +84,18 @@ def prepare(config: Config) -> pathlib.Path:
             )
     atomic_write_text(saved_path, config.to_yaml())
     return root
+
+
+def _saved_config(path: pathlib.Path) -> dict[str, Any]:
+    """The config a run directory was written with; a damaged one is reported, not crashed on."""
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        problem = getattr(err, "problem", None) or getattr(err, "strerror", None) or err
+        saved = f"unreadable ({problem})"
+    if not isinstance(saved, dict):
+        raise ConfigError(
+            f"{path} is damaged: {saved if isinstance(saved, str) else 'not a mapping'}. "
+            "HINT: restore it from the run's first config, or pass run.force=true to replace it."
+        )
+    return saved

@@ -5,23 +5,25 @@ and hands over to `hpcddp.train.loop.TrainingRun`, which builds model, data and 
 runs the loop; the group and the logging are always torn down afterwards.
 """
 
+import contextlib
 import dataclasses
 import gc
 import logging
 import pathlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from hpcddp.config import Config
-from hpcddp.dist import collectives as collective
+from hpcddp.dist import collectives
 from hpcddp.dist.group import process_group
 from hpcddp.errors import ConfigError, HpcddpError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.resolve import resolve_env
 from hpcddp.storage import rundir
+from hpcddp.storage.runlock import RunLock
 from hpcddp.train import preemption
 from hpcddp.train.factories import import_factory
 from hpcddp.train.logs import FILE_ONLY, setup_logging, teardown_logging
@@ -68,9 +70,10 @@ class Trainer:
                 stop_flag.uninstall()
 
     def _fit(self, env: DistEnv, stop_flag: preemption.StopFlag) -> dict[str, Any]:
-        with process_group(env, self.config.dist.timeout_s) as device:
-            run_dir = collective.on_rank_zero(
-                lambda: rundir.prepare(self.config), env.rank, "prepare the run directory"
+        lock = RunLock(pathlib.Path(self.config.run.dir))  # rank 0 takes it in prepare
+        with process_group(env, self.config.dist.timeout_s) as device, _released(lock):
+            run_dir = collectives.on_rank_zero(
+                lambda: rundir.prepare(self.config, lock), env.rank, "prepare the run directory"
             )
             setup_logging(env, run_dir / "logs")
             log.info(
@@ -107,6 +110,15 @@ class Trainer:
             self.model_fn, self.dataset_fn, self.config, env, device, run_dir, stop_flag
         )
         return run.execute()
+
+
+@contextlib.contextmanager
+def _released(lock: RunLock) -> Iterator[None]:
+    """Hold the run directory for the whole run, and let it go however the run ends."""
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _factory(spec: Callable[..., Any] | str, what: str) -> Callable[..., Any]:

@@ -8,21 +8,24 @@ and a run directory that is exactly as it was before.
 import hashlib
 import pathlib
 import re
+import socket
+import subprocess
+import sys
 
 import pytest
 
-from tests.helpers import TINY, run_cli
+from tests.helpers import QUICK, REPO, TINY, run_cli, summary, wait_for_step
 
 QS = "examples/quickstart.yaml"
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d \[rank \d+/\d+ ")  # rank 0's progress log, not an error
 
 
 def snapshot(root: pathlib.Path) -> dict[str, str]:
-    """Every file under ``root`` and the sha256 of its bytes."""
+    """Every file under ``root`` and the sha256 of its bytes (the lock only says who ran last)."""
     return {
         p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != ".lock"
     }
 
 
@@ -253,3 +256,25 @@ def test_rerunning_a_finished_run_changes_nothing(finished_run):
     assert {k for k in after if k.startswith("checkpoints/")} == {
         k for k in before if k.startswith("checkpoints/")
     }
+
+
+def test_a_second_run_in_the_same_run_dir_is_refused_and_the_first_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["train", QS, f"run.dir={run_dir}", *QUICK, "train.epochs=4", "train.log_every_steps=1"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "hpcddp", *args], cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_step(run_dir, 2)
+        second = run_cli(*args)
+        assert second.returncode == 2, second.stderr
+        lines = [line for line in second.stderr.splitlines() if not LOG_LINE.match(line)]
+        assert lines == [
+            f"hpcddp: error: run directory {run_dir} is in use by another run "
+            f"(host {socket.gethostname()}, pid {first.pid}, since {lines[0].split('since ')[1]}"
+        ]
+        _, err = first.communicate(timeout=300)
+    finally:
+        first.kill()
+    assert first.returncode == 0, err[-3000:]
+    assert summary(run_dir)["steps"] == 4 * 2048 // 32

@@ -1,12 +1,17 @@
 """Rank 0's progress bar: redrawn in place on a terminal, absent from batch logs."""
 
 import io
+import subprocess
+import sys
 
 from hpcddp.progress import ProgressBar, bar
+from tests.helpers import QUICKSTART, REPO
 
 
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
+        if self.closed:  # as a real file does
+            raise ValueError("I/O operation on closed file")
         return True
 
 
@@ -40,3 +45,37 @@ def test_silent_when_not_a_terminal():
     quiet = Terminal()
     ProgressBar(enabled=False, stream=quiet).update("x", force=True)  # ranks other than 0
     assert quiet.getvalue() == ""
+
+
+class HungUpTerminal(Terminal):
+    """A terminal that went away mid-run: every write fails."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_or_vanished_stderr_stops_the_bar_instead_of_the_run(monkeypatch):
+    monkeypatch.setattr("sys.stderr", None)  # what Python sets when fd 2 is closed (2>&-)
+    closed = ProgressBar()
+    closed.update("step 1", force=True)
+    closed.close()
+    assert not closed.drawing
+    gone = ProgressBar(stream=HungUpTerminal())
+    assert gone.drawing
+    gone.update("step 1", force=True)
+    gone.clear()
+    gone.close()
+    assert not gone.drawing
+    shut = Terminal()
+    shut.close()
+    assert not ProgressBar(stream=shut).drawing
+
+
+def test_training_with_stderr_closed_finishes(tmp_path):
+    done = subprocess.run(
+        f"{sys.executable} -m hpcddp train {QUICKSTART} run.dir={tmp_path} "
+        f"'data.kwargs={{train_size: 256, eval_size: 64}}' train.max_steps=2 2>&-",
+        shell=True, cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert (tmp_path / "summary.json").exists()

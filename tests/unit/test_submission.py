@@ -19,7 +19,7 @@ from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
 from hpcddp.slurm import status as job_status
 from hpcddp.slurm import submission
-from tests.helpers import QUICK, REPO
+from tests.helpers import QUICK, REPO, run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -606,3 +606,43 @@ def test_job_records_are_written_durably(tmp_path, monkeypatch):
     assert synced  # the data (and the directory) reach the disk before anyone reads the record
     assert job_index.find_records("91") == [record]
     assert [p.name for p in (tmp_path / "jobs").iterdir()] == ["91.json"]  # no temp left behind
+
+
+SILENT_SCONTROL = "#!/bin/sh\nsleep 60\n"  # a controller that never answers
+
+
+def test_status_with_an_unreachable_controller_answers_within_five_seconds(tmp_path):
+    make_record(tmp_path)
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    make_record(tmp_path / "other", job_id="78")  # no summary: only Slurm could tell
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(SILENT_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HPCDDP_JOBS_DIR": str(job_index.jobs_dir())}
+    for job_id, expected in (("77", "COMPLETED"), ("78", "UNKNOWN (`scontrol show job -o 78`")):
+        started = time.monotonic()
+        done = run_cli("status", job_id, env=env, timeout=30)
+        took = time.monotonic() - started
+        assert done.returncode == 0, done.stderr
+        state = next(line for line in done.stdout.splitlines() if line.startswith("state:"))
+        assert state.split(None, 1)[1].startswith(expected), state
+        assert took < 5, f"hpcddp status took {took:.1f} s"
+    started = time.monotonic()
+    unknown = run_cli("status", "99", env=env, timeout=30)
+    assert unknown.returncode == 1 and time.monotonic() - started < 5
+    assert unknown.stderr.startswith("hpcddp: error: `scontrol show job -o 99` did not answer")
+
+
+def test_a_controller_that_refuses_is_not_a_forgotten_job(tmp_path):
+    make_record(tmp_path)
+    down = fake_run(
+        {"scontrol": (1, "", "slurm_load_jobs error: Unable to contact slurm controller")}
+    )
+    (status,) = job_status.job_status("77", down)
+    assert (
+        status.state == "UNKNOWN (Slurm could not say anything about job 77: slurm_load_jobs "
+        "error: Unable to contact slurm controller.)"
+    )
+    with pytest.raises(slurm_queue.SlurmUnreachable, match="Unable to contact slurm controller"):
+        job_status.job_status("99", down)
