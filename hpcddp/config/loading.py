@@ -42,21 +42,31 @@ def type_name(kind: Any) -> str:
 
 def _coerce(value: Any, kind: Any, where: str) -> Any:
     """Check one value against its field's type, accepting ints where floats are expected."""
-    kind = _origin(kind)
+    declared, kind = kind, _origin(kind)
     if kind is float:
         return _finite(_float(value), where)
     if kind is str and type(value) is str and "\x00" in value:
         raise ConfigError(
             f"{where} contains a NUL byte ({value!r}). HINT: remove it; no path or name holds one."
         )
+    if kind is list and type(value) is str:  # backends=tensorboard,wandb: a list, typed simply
+        value = [item.strip() for item in value.split(",") if item.strip()]
+    if kind is list and type(value) is list:
+        return _items(value, declared, where)
     if kind in (*_SCALARS, dict) and type(value) is kind:
         return value
-    if kind not in (*_SCALARS, dict):
+    if kind not in (*_SCALARS, dict, list):
         return value
     raise ConfigError(
         f"{where} must be {type_name(kind)}, got {type(value).__name__} {value!r}. "
         f"HINT: write it as a {type_name(kind)} in YAML or on the command line."
     )
+
+
+def _items(values: list[Any], kind: Any, where: str) -> list[Any]:
+    """Each item of a list field checked against the list's item type (``list[str]``)."""
+    (item_kind,) = typing.get_args(kind) or (Any,)
+    return [_coerce(item, item_kind, f"{where}[{i}]") for i, item in enumerate(values)]
 
 
 def _float(value: Any) -> Any:

@@ -252,6 +252,21 @@ class SlurmConfig:
         _one_of("slurm", "launcher", self.launcher, LAUNCHERS)
 
 
+TRACKING_BACKENDS = ("tensorboard", "wandb", "mlflow")
+
+
+@dataclasses.dataclass(kw_only=True)
+class TrackingConfig:
+    """Where rank 0 sends what it logs, besides metrics.jsonl (one run across requeues)."""
+
+    backends: list[str] = setting_from(list, "any of tensorboard, wandb, mlflow (a list)")
+    project: str = setting("", "W&B project / MLflow experiment; empty: run.name")
+
+    def __post_init__(self) -> None:
+        for name in self.backends:
+            _one_of("tracking", "backends", name, TRACKING_BACKENDS)
+
+
 @dataclasses.dataclass(kw_only=True)
 class Config:
     """A whole run."""
@@ -263,6 +278,7 @@ class Config:
     train: TrainConfig = setting_from(TrainConfig, "the training loop")
     dist: DistConfig = setting_from(DistConfig, "process group and DDP knobs")
     slurm: SlurmConfig = setting_from(SlurmConfig, "what hpcddp asks Slurm for")
+    tracking: TrackingConfig = setting_from(TrackingConfig, "TensorBoard, W&B and MLflow")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, as saved in the run directory."""

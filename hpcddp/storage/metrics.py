@@ -1,15 +1,20 @@
 """``metrics.jsonl``: one JSON line per logged step and evaluation, written by rank 0.
 
 Append-only while a run goes on; a resumed run first drops what its previous attempt logged
-after the checkpoint it resumes from, so every step appears once.
+after the checkpoint it resumes from, so every step appears once, and marks where it resumed
+(``{"event": "resumed", ...}``: the plot draws it as a line). Every record also goes to the
+experiment trackers, if any (`hpcddp.storage.tracking`), which keep the same promise.
 """
 
 import json
 import logging
+import os
 import pathlib
 import time
+from typing import Any
 
 from hpcddp.storage.atomic import atomic_write_text
+from hpcddp.storage.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -17,11 +22,17 @@ log = logging.getLogger(__name__)
 class MetricsLog:
     """Append-only ``metrics.jsonl`` on rank 0; a resumed run drops lines past its checkpoint."""
 
-    def __init__(self, path: pathlib.Path, resume_step: int) -> None:
+    def __init__(
+        self, path: pathlib.Path, resume_step: int, tracker: Tracker | None = None
+    ) -> None:
         self.path = path
         self._drop_after(resume_step)
         self._file = path.open("a", buffering=1)
         self._start = time.time()
+        self.tracker = tracker
+        if resume_step:
+            restarts = os.environ.get("SLURM_RESTART_COUNT", "")
+            self.write(step=resume_step, event="resumed", slurm_restart_count=restarts)
 
     def _drop_after(self, step: int) -> None:
         """Forget what an interrupted run logged after its last checkpoint."""
@@ -48,11 +59,15 @@ class MetricsLog:
         step = record.get("step", 0)
         return step if isinstance(step, (int, float)) else 0
 
-    def write(self, **record) -> None:
+    def write(self, **record: Any) -> None:
         """One JSON line, with wall time since this process started logging."""
         record.setdefault("time_s", round(time.time() - self._start, 3))
         self._file.write(json.dumps(record) + "\n")
+        if self.tracker is not None and "event" not in record:
+            self.tracker.log(int(record.get("step", 0)), record)
 
     def close(self) -> None:
-        """Flush and close the file."""
+        """Flush and close the file and the trackers."""
         self._file.close()
+        if self.tracker is not None:
+            self.tracker.close()

@@ -22,8 +22,10 @@ def test_metrics_log_skips_a_line_cut_short(tmp_path, caplog):
         log = MetricsLog(path, resume_step=5)
     log.write(step=6, loss=0.9)
     log.close()
-    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
-    assert steps == [1, 2, 5, 6]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r.get("event")) for r in records] == [
+        (1, None), (2, None), (5, None), (5, "resumed"), (6, None)
+    ]  # fmt: skip
     assert f"{path} line 4" in caplog.text
     MetricsLog(path, resume_step=6).close()  # and the next resume reads it again
 
@@ -32,7 +34,9 @@ def test_metrics_log_drops_lines_past_the_checkpoint(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4)))
     MetricsLog(path, resume_step=2).close()
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in records if "event" not in r] == [1, 2]
+    assert records[-1]["event"] == "resumed" and records[-1]["step"] == 2
 
 
 def test_another_spelling_of_the_run_dir_resumes(tmp_path):

@@ -1,0 +1,138 @@
+"""Tracking across requeues: one run, each step exactly once, with the real libraries.
+
+Three attempts of one run, the way a twice-preempted job lives: each attempt resumes from the
+checkpoint before its predecessor stopped, so the predecessor already logged some steps the
+new attempt logs again. TensorBoard (read back with its own reader), MLflow (its own client)
+and W&B (offline) must end with one run holding each step once.
+"""
+
+import json
+import pathlib
+from typing import ClassVar
+
+import pytest
+
+from hpcddp.errors import ConfigError
+from hpcddp.storage import tracking
+from hpcddp.storage.metrics import MetricsLog
+from hpcddp.storage.tracking import Tracker
+
+pytest.importorskip("tensorboard")  # the [test] extra installs it; CI fails on any skip
+
+# (resumed from the checkpoint at step, last step logged before the stop) per attempt
+ATTEMPTS = [(0, 10), (6, 15), (12, 20)]
+PARAMS = {"optim": {"lr": 0.1, "name": "adamw"}, "world_size": 4}
+
+
+def loss(step: int) -> float:
+    """What an exactly resumed run logs at ``step``, whichever attempt logs it."""
+    return 1.0 / step
+
+
+def run_attempts(run_dir: pathlib.Path, backends: list[str]) -> None:
+    for resume_step, last in ATTEMPTS:
+        tracker = Tracker(backends, run_dir, resume_step, PARAMS, project="hpcddp-test")
+        for step in range(resume_step + 1, last + 1):
+            tracker.log(step, {"step": step, "loss": loss(step), "note": "text is skipped"})
+        tracker.close()
+
+
+def test_tensorboard_holds_each_step_once_with_the_values_of_an_unbroken_run(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_attempts(tmp_path, ["tensorboard"])
+    events = EventAccumulator(str(tmp_path / "tracking" / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [
+        (step, pytest.approx(loss(step))) for step in range(1, 21)
+    ]
+    assert "note" not in events.Tags()["scalars"]
+
+
+def test_mlflow_holds_each_step_once_in_one_run(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow = pytest.importorskip("mlflow")
+    run_attempts(tmp_path, ["mlflow"])
+    state = json.loads((tmp_path / "tracking" / "run.json").read_text())
+    client = mlflow.tracking.MlflowClient((tmp_path / "tracking" / "mlruns").as_uri())
+    history = client.get_metric_history(state["mlflow_run_id"], "loss")
+    assert sorted(m.step for m in history) == list(range(1, 21))
+    params = client.get_run(state["mlflow_run_id"]).data.params
+    assert params["optim.lr"] == "0.1" and params["world_size"] == "4"
+
+
+def test_wandb_offline_is_one_run_across_attempts(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run_attempts(tmp_path, ["wandb"])
+    run_id = json.loads((tmp_path / "tracking" / "run.json").read_text())["run_id"]
+    offline = sorted((tmp_path / "tracking" / "wandb").glob("offline-run-*"))
+    assert len(offline) == len(ATTEMPTS)  # one folder per attempt, all of one run id
+    assert all(f"-{run_id}" in f.name for f in offline)
+
+
+class Recorder(tracking.Backend):
+    """A backend that cannot forget a point, recording what it was given."""
+
+    name = "wandb"
+    seen: ClassVar[list[int]] = []
+
+    def __init__(self, folder, state, params):
+        pass
+
+    def log(self, step, values):
+        Recorder.seen.append(step)
+
+    def close(self):
+        pass
+
+
+def test_a_backend_that_cannot_forget_gets_each_step_once(tmp_path, monkeypatch):
+    monkeypatch.setitem(tracking._CLASSES, "wandb", Recorder)
+    Recorder.seen = []
+    run_attempts(tmp_path, ["wandb"])
+    assert Recorder.seen == list(range(1, 21))
+
+
+def test_the_high_water_mark_is_written_before_the_point(tmp_path, monkeypatch):
+    """A crash between the two loses the point; it can never be written twice."""
+
+    class Crashing(Recorder):
+        def log(self, step, values):
+            raise KeyboardInterrupt  # killed while the library writes
+
+    monkeypatch.setitem(tracking._CLASSES, "wandb", Crashing)
+    tracker = Tracker(["wandb"], tmp_path, 0, PARAMS, project="p")
+    with pytest.raises(KeyboardInterrupt):
+        tracker.log(3, {"loss": 1.0})
+    saved = json.loads((tmp_path / "tracking" / "run.json").read_text())
+    assert saved["written"] == {"wandb": 3}
+
+
+def test_metrics_log_feeds_the_tracker_and_marks_the_resume(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    path = tmp_path / "metrics.jsonl"
+    metrics = MetricsLog(path, 0, Tracker(["tensorboard"], tmp_path, 0, PARAMS, "p"))
+    metrics.write(step=5, loss=0.5, lr=0.1)
+    metrics.close()
+    resumed = MetricsLog(path, 5, Tracker(["tensorboard"], tmp_path, 5, PARAMS, "p"))
+    resumed.write(step=6, loss=0.4, lr=0.1)
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tracking" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [5, 6]
+    assert "event" not in events.Tags()["scalars"]
+
+
+@pytest.mark.parametrize("names", [["tensorbord"], ["tensorboard", "neptune"]])
+def test_an_unknown_backend_is_refused_naming_the_valid_ones(tmp_path, names):
+    with pytest.raises(ConfigError, match="is not one of \\['tensorboard', 'wandb', 'mlflow'\\]"):
+        Tracker(names, tmp_path, 0, PARAMS, "p")
+
+
+def test_a_missing_library_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # as if not installed
+    with pytest.raises(ConfigError, match="pip install 'hpcddp\\[tracking\\]'"):
+        Tracker(["wandb"], tmp_path, 0, PARAMS, "p")
