@@ -6,6 +6,7 @@ and a list of output files; this module only parses the command line and prints.
 """
 
 import argparse
+import pathlib
 import sys
 from typing import Any
 
@@ -14,6 +15,7 @@ from hpcddp.cli.args import add_slurm_options, split_config_and_overrides
 from hpcddp.errors import ConfigError
 from hpcddp.slurm.options import OPTIONS
 from hpcddp.slurm.status import job_status, log_paths
+from hpcddp.storage.runinfo import run_lines
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -65,9 +67,19 @@ def _is_local(job: object) -> bool:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print a job's state, nodes, pending reason, run directory and whether it finished."""
-    statuses = job_status(args.job_id)
-    print("\n\n".join("\n".join(status.lines()) for status in statuses), flush=True)
+    """A job's state, nodes, pending reason and run directory; a run directory's latest figures."""
+    target = pathlib.Path(args.job_id)
+    if target.is_dir():
+        print("\n".join(run_lines(target)), flush=True)
+        return exit_codes.OK
+    blocks = []
+    for status in job_status(args.job_id):
+        lines = status.lines()
+        run_dir = pathlib.Path(status.run_dir) if status.run_dir else None
+        if run_dir is not None and (run_dir / "metrics.jsonl").exists():
+            lines += run_lines(run_dir)[1:]  # the figures, without the run dir again
+        blocks.append("\n".join(lines))
+    print("\n\n".join(blocks), flush=True)
     return exit_codes.OK
 
 
@@ -108,8 +120,10 @@ def add_parsers(subparsers: "argparse._SubParsersAction[Any]") -> None:
     )
     submit.set_defaults(func=cmd_submit)
 
-    status = subparsers.add_parser("status", help="state, nodes and outputs of a submitted job")
-    status.add_argument("job_id", metavar="JOBID")
+    status = subparsers.add_parser(
+        "status", help="state and latest figures of a submitted job, or of a run directory"
+    )
+    status.add_argument("job_id", metavar="JOBID|RUN_DIR")
     status.set_defaults(func=cmd_status)
 
     logs = subparsers.add_parser("logs", help="print a submitted job's output, or one rank's log")

@@ -1,61 +1,88 @@
-"""``hpcddp plot RUN_DIR``: a run's metrics.jsonl as one PNG (loss, learning rate, throughput).
+"""``hpcddp plot RUN_DIR``: the figures people look at, from a run's metrics.jsonl, as one PNG.
 
-matplotlib is an optional extra (``pip install 'hpcddp[plot]'``); it is imported only when a
-plot is drawn, with the Agg backend, so this works on login nodes without a display.
+Panels: loss (train and eval), the other eval metrics (accuracy, perplexity, MSE...),
+throughput (samples/s, tokens/s), and the spread of per-rank step times (fastest, median,
+slowest rank: a wide band is a slow node). Every attempt that resumed after a preemption or a
+requeue is a dashed vertical line. Damaged lines (a run killed mid-write, a full disk) are
+skipped and counted, never fatal. matplotlib is an optional extra (``pip install
+'hpcddp[plot]'``), imported only when a plot is drawn, on the Agg backend (no display needed).
 """
 
+import dataclasses
 import json
 import logging
 import pathlib
+from typing import Any
 
 from hpcddp.errors import HpcddpError
 
 log = logging.getLogger(__name__)
-
-PANELS = ("loss", "learning rate", "throughput (samples/s)")
 
 
 class PlotError(HpcddpError):
     """The metrics cannot be read or the plot cannot be drawn."""
 
 
-def read_metrics(path: pathlib.Path) -> tuple[list[dict], list[dict]]:
-    """Split metrics.jsonl into training lines (with ``loss``) and eval lines (``eval_loss``).
+@dataclasses.dataclass
+class Metrics:
+    """What metrics.jsonl holds, sorted into the lines each panel draws."""
 
-    A damaged last line (a run killed mid-write) is skipped with a warning; one elsewhere raises.
-    """
+    train: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    resumes: list[int]  # steps where a later attempt took over
+    skipped: int  # damaged lines left out
+
+
+def read_metrics(path: pathlib.Path) -> Metrics:
+    """metrics.jsonl as `Metrics`; damaged lines are skipped and counted (with a warning)."""
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         raise PlotError(
             f"no metrics file at {path}. HINT: pass the run directory (run.dir) of "
             "a run that logged at least one step."
         ) from None
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    records, skipped = [], 0
+    for line in filter(str.strip, lines):
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if number == len(lines):
-                log.warning("%s: skipping the damaged last line %d (%s)", path, number, err.msg)
-                break
-            raise PlotError(
-                f"{path} line {number} is not JSON ({err.msg}). HINT: the file "
-                "may be truncated; remove the damaged line."
-            ) from None
-    train = [r for r in records if "loss" in r and "step" in r]
-    evals = [r for r in records if "eval_loss" in r and "step" in r]
-    if not train and not evals:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("step"), (int, float)):
+            records.append(record)
+        else:
+            skipped += 1
+    if skipped:
+        log.warning("%s: skipped %d damaged line(s)", path, skipped)
+    metrics = Metrics(
+        train=[r for r in records if "loss" in r],
+        evals=[r for r in records if "eval_loss" in r or _eval_keys([r])],
+        resumes=sorted({int(r["step"]) for r in records if r.get("event") == "resumed"}),
+        skipped=skipped,
+    )
+    if not metrics.train and not metrics.evals:
         raise PlotError(
-            f"{path} holds no training or eval metrics. HINT: plot after the run "
-            "has logged a step (train.log_every_steps)."
+            f"{path} holds no training or eval metrics ({skipped} damaged line(s) skipped). "
+            "HINT: plot after the run has logged a step (train.log_every_steps)."
         )
-    return train, evals
+    return metrics
 
 
-def _pyplot():
+def _eval_keys(records: list[dict[str, Any]]) -> list[str]:
+    """Eval metrics other than the loss, in the order they first appear."""
+    keys: dict[str, None] = {}
+    for record in records:
+        keys.update((k, None) for k in record if k.startswith("eval_") and k != "eval_loss")
+    return list(keys)
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) for the records that carry a number under ``key``."""
+    pairs = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def _pyplot() -> Any:
     """matplotlib's pyplot on the Agg backend, or a one-line error naming the extra."""
     try:
         import matplotlib
@@ -70,31 +97,57 @@ def _pyplot():
     return plt
 
 
-def _series(records: list[dict], key: str) -> tuple[list, list]:
-    """(steps, values) for the records that carry ``key``."""
-    pairs = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-    return [s for s, _ in pairs], [v for _, v in pairs]
+def _draw_loss(ax: Any, m: Metrics) -> None:
+    ax.plot(*_series(m.train, "loss"), label="train", linewidth=1)
+    ax.plot(*_series(m.evals, "eval_loss"), "o-", label="eval", markersize=3)
+    ax.set_ylabel("loss")
+    ax.legend()
+
+
+def _draw_eval(ax: Any, m: Metrics) -> None:
+    for key in _eval_keys(m.evals):
+        ax.plot(*_series(m.evals, key), "o-", label=key.removeprefix("eval_"), markersize=3)
+    ax.set_ylabel("eval metrics")
+    if ax.lines:
+        ax.legend()
+
+
+def _draw_throughput(ax: Any, m: Metrics) -> None:
+    ax.plot(*_series(m.train, "samples_per_s"), color="tab:purple", label="samples/s")
+    if any("tokens_per_s" in r for r in m.train):
+        ax.twinx().plot(*_series(m.train, "tokens_per_s"), color="tab:olive", label="tokens/s")
+    ax.set_ylabel("samples/s")
+
+
+def _draw_spread(ax: Any, m: Metrics) -> None:
+    steps, low = _series(m.train, "step_time_s_min")
+    _, high = _series(m.train, "step_time_s_max")
+    if steps and len(low) == len(high):
+        ax.fill_between(steps, low, high, alpha=0.3, label="fastest to slowest rank")
+    ax.plot(*_series(m.train, "step_time_s"), color="tab:red", label="median rank")
+    ax.set_ylabel("step time (s)")
+    if ax.lines:
+        ax.legend()
+
+
+PANELS = (_draw_loss, _draw_eval, _draw_throughput, _draw_spread)
 
 
 def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None) -> pathlib.Path:
     """Draw RUN_DIR/metrics.jsonl into a PNG (default RUN_DIR/metrics.png); return its path."""
     run_dir = pathlib.Path(run_dir)
-    train, evals = read_metrics(run_dir / "metrics.jsonl")
+    metrics = read_metrics(run_dir / "metrics.jsonl")
     plt = _pyplot()
     out = pathlib.Path(out) if out else run_dir / "metrics.png"
-    fig, (loss_ax, lr_ax, speed_ax) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    fig, axes = plt.subplots(len(PANELS), 1, figsize=(8, 11), sharex=True)
     try:
-        loss_ax.plot(*_series(train, "loss"), label="train", linewidth=1)
-        loss_ax.plot(*_series(evals, "eval_loss"), "o-", label="eval", markersize=4)
-        loss_ax.legend()
-        lr_ax.plot(*_series(train, "lr"), color="tab:green")
-        lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-        speed_ax.plot(*_series(train, "samples_per_s"), color="tab:purple")
-        for ax, title in zip((loss_ax, lr_ax, speed_ax), PANELS, strict=True):
-            ax.set_ylabel(title)
+        for ax, draw in zip(axes, PANELS, strict=True):
+            draw(ax, metrics)
+            for step in metrics.resumes:
+                ax.axvline(step, color="grey", linestyle="--", linewidth=0.8)
             ax.grid(alpha=0.3)
-        speed_ax.set_xlabel("optimizer step")
-        fig.suptitle(f"{run_dir.resolve().name}: {_caption(train, evals)}")
+        axes[-1].set_xlabel("optimizer step (dashed: resumed after a stop)")
+        fig.suptitle(f"{run_dir.resolve().name}: {_caption(metrics)}")
         fig.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
@@ -107,13 +160,16 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
     return out
 
 
-def _caption(train: list[dict], evals: list[dict]) -> str:
-    """The headline numbers: last step, last train loss, last eval loss and accuracy."""
-    parts = [f"step {max(r['step'] for r in train + evals)}"]
-    if train:
-        parts.append(f"loss {train[-1]['loss']:.4g}")
-    if evals:
-        parts.append(f"eval loss {evals[-1]['eval_loss']:.4g}")
-        if evals[-1].get("eval_accuracy") is not None:
-            parts.append(f"accuracy {evals[-1]['eval_accuracy']:.4g}")
+def _caption(m: Metrics) -> str:
+    """The headline numbers: last step, losses, the last eval metrics, and what was skipped."""
+    parts = [f"step {max(r['step'] for r in m.train + m.evals)}"]
+    if m.train:
+        parts.append(f"loss {m.train[-1]['loss']:.4g}")
+    if m.evals:
+        last = m.evals[-1]
+        parts += [f"{k.removeprefix('eval_')} {last[k]:.4g}" for k in last if k.startswith("eval_")]
+    if m.resumes:
+        parts.append(f"{len(m.resumes)} resume(s)")
+    if m.skipped:
+        parts.append(f"{m.skipped} damaged line(s) skipped")
     return ", ".join(parts)

@@ -113,3 +113,20 @@ def _stale(holder: dict[str, Any]) -> bool:
     except (OSError, ValueError):
         return False
     return False
+
+
+def holder(run_dir: pathlib.Path) -> dict[str, Any] | None:
+    """Who holds ``run_dir`` now (host, pid, job_id, since), or None if no run does."""
+    lock = RunLock(run_dir)
+    try:
+        fd = os.open(lock.path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as err:
+        held = err.errno not in _NO_FLOCK or not _stale(lock._holder())
+        return lock._holder() if held else None
+    finally:
+        os.close(fd)  # closing also drops the shared lock taken to look
+    return None

@@ -94,28 +94,41 @@ def test_empty_metrics_file_is_one_line_error(tmp_path, content):
     assert "holds no training or eval metrics" in _one_line(err)
 
 
-def test_damaged_line_in_the_middle_is_named(tmp_path):
+def test_damaged_lines_anywhere_are_skipped_and_counted(tmp_path, caplog):
     _write_metrics(tmp_path)
     path = tmp_path / "metrics.jsonl"
     lines = path.read_text().splitlines()
-    lines[2] = lines[2][:15]
-    path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(HpcddpError) as err:
-        plot.plot_run(tmp_path)
-    assert "line 3 is not JSON" in _one_line(err)
-
-
-def test_damaged_last_line_of_a_killed_run_is_skipped(tmp_path, caplog):
-    _write_metrics(tmp_path)
-    with (tmp_path / "metrics.jsonl").open("a") as f:
-        f.write('{"step": 210, "loss": 0.')  # the write a SIGKILL interrupted
+    lines[2] = lines[2][:15]  # torn in the middle (a full disk, say)
+    lines.insert(5, "[1, 2, 3]")  # JSON, but not a record
+    lines.append('{"step": 210, "loss": 0.')  # the write a SIGKILL interrupted
+    path.write_text("\n".join(lines) + "\n\x00\x00\n")
     logger = logging.getLogger("hpcddp.storage.plot")
     logger.addHandler(caplog.handler)  # an in-process Trainer.fit may stop propagation
     try:
+        assert plot.read_metrics(path).skipped == 4
         assert plot.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)
     finally:
         logger.removeHandler(caplog.handler)
-    assert "skipping the damaged last line 25" in caplog.text
+    assert "skipped 4 damaged line(s)" in caplog.text
+
+
+def test_resumes_and_the_per_rank_spread_are_read_for_drawing(tmp_path):
+    _write_metrics(tmp_path)
+    path = tmp_path / "metrics.jsonl"
+    extra = [
+        {"step": 60, "event": "resumed", "slurm_restart_count": "1"},
+        {"step": 150, "event": "resumed", "slurm_restart_count": "2"},
+        {"step": 160, "loss": 0.5, "step_time_s": 0.1, "step_time_s_min": 0.09,
+         "step_time_s_max": 0.4, "slowest_rank": 3, "slowest_host": "n2"},
+    ]  # fmt: skip
+    with path.open("a") as f:
+        f.writelines(json.dumps(record) + "\n" for record in extra)
+    metrics = plot.read_metrics(path)
+    assert metrics.resumes == [60, 150]
+    assert plot._series(metrics.train, "step_time_s_max") == ([160], [0.4])
+    assert plot._eval_keys(metrics.evals) == ["eval_accuracy"]
+    assert "2 resume(s)" in plot._caption(metrics)
+    assert plot.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)
 
 
 def test_subcommand_parses_runs_and_prints_the_path(tmp_path, capsys):

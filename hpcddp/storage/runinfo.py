@@ -1,0 +1,92 @@
+"""What a run directory says about its run, for ``hpcddp status RUN_DIR`` on the login node.
+
+The latest figures (step, loss, throughput, the slowest rank and its host), the latest eval
+metrics, how often the run resumed, whether a process holds it now, and whether it finished.
+Read from the files alone (no Slurm, no torch); a damaged file is reported in its line.
+"""
+
+import json
+import pathlib
+from typing import Any
+
+from hpcddp.errors import ConfigError
+from hpcddp.storage.runlock import holder
+
+# metrics.jsonl keys shown by `hpcddp status`, in this order, when the latest line has them
+FIGURES = (
+    "loss",
+    "lr",
+    "samples_per_s",
+    "tokens_per_s",
+    "step_time_s",
+    "slowest_rank",
+    "slowest_host",
+    "slowest_vs_median",
+    "data_wait_s",
+    "rss_gb_max",
+    "cuda_gb_max",
+)
+
+
+def _records(path: pathlib.Path) -> tuple[list[dict[str, Any]], int]:
+    """The readable records of a JSON-lines file, and how many lines were not."""
+    records, damaged = [], 0
+    for line in filter(str.strip, path.read_text(errors="replace").splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            damaged += 1
+    return records, damaged
+
+
+def _json(path: pathlib.Path) -> tuple[dict[str, Any] | None, str]:
+    """(the file's object, '') or (None, what is wrong with it)."""
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, "no"
+    except (OSError, ValueError) as err:
+        return None, f"damaged ({err})"
+    return (found, "") if isinstance(found, dict) else (None, "damaged (not an object)")
+
+
+def _value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def run_lines(run_dir: pathlib.Path) -> list[str]:
+    """``key: value`` lines describing the run in ``run_dir``."""
+    if not (run_dir / "config.yaml").exists() and not (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(
+            f"{run_dir} is not a run directory (no config.yaml or metrics.jsonl). "
+            "HINT: pass the run's run.dir, or a Slurm job id."
+        )
+    rows: list[tuple[str, str]] = [("run dir", str(run_dir))]
+    lock = holder(run_dir)
+    rows.append(("held by", _holder(lock) if lock else "nobody (not running now)"))
+    metrics = run_dir / "metrics.jsonl"
+    records, damaged = _records(metrics) if metrics.exists() else ([], 0)
+    train = [r for r in records if "loss" in r]
+    evals = [r for r in records if any(k.startswith("eval_") for k in r)]
+    if train:
+        latest = train[-1]
+        rows.append(("step", f"{latest.get('step')} (epoch {latest.get('epoch', '?')})"))
+        rows += [(key, _value(latest[key])) for key in FIGURES if key in latest]
+    if evals:
+        rows += [(k, _value(v)) for k, v in evals[-1].items() if k.startswith("eval_")]
+    resumes = sum(1 for r in records if r.get("event") == "resumed")
+    rows.append(("resumed", f"{resumes} time(s)"))
+    if damaged:
+        rows.append(("metrics.jsonl", f"{damaged} damaged line(s) skipped"))
+    summary, problem = _json(run_dir / "summary.json")
+    rows.append(("finished", "yes" if summary else problem))
+    return [f"{key + ':':<18}{value}" for key, value in rows]
+
+
+def _holder(lock: dict[str, Any]) -> str:
+    parts = [f"{k} {lock[k]}" for k in ("host", "pid", "job_id") if lock.get(k)]
+    return ", ".join(parts) + (f", since {lock['since']}" if lock.get("since") else "")
