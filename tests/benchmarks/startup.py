@@ -1,0 +1,123 @@
+"""Whole-job wall time of hpcddp against a raw Slurm DDP script, at 8 and 32 ranks, on Slurm.
+
+Usage (root, from the repository root)::
+
+    python -m tests.benchmarks.startup                # 8 and 32 ranks, 3 runs each
+    python -m tests.benchmarks.startup --quick        # 4 ranks, 1 run: a smoke test
+
+It starts a cluster of its own (tests/cluster/local-slurm.sh, instance 9: 8 nodes of 4 CPUs,
+beside any other cluster), then alternates the two arms, each a real ``sbatch --wait`` job
+doing the same work: the quickstart model for STEPS steps, one evaluation, one checkpoint.
+``raw`` is `tests/benchmarks/raw_ddp.py` under ``srun``; ``hpcddp`` is ``sbatch/train.sh``. The
+time is from submission to the end of the job as ``sbatch --wait`` sees it (scheduling
+included, alike for both). Then it prints hpcddp's start-up timeline from its summary.json
+(seconds per phase, the slowest rank per phase). Target: hpcddp within 1.05x of raw.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from hpcddp.train.timeline import table
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CLUSTER = REPO / "tests" / "cluster" / "local-slurm.sh"
+INSTANCE = "9"
+GEOMETRY = {4: (2, 2), 8: (8, 1), 32: (8, 4)}  # ranks: (nodes, ranks per node)
+
+
+def start_cluster(nodes: int) -> dict[str, str]:
+    """The benchmark's own cluster; the environment its clients need."""
+    env = {**os.environ, "HPCDDP_SLURM_INSTANCE": INSTANCE, "HPCDDP_SLURM_NODES": str(nodes)}
+    subprocess.run(["bash", str(CLUSTER), "start"], env=env, check=True, capture_output=True)
+    printed = subprocess.run(["bash", str(CLUSTER), "env"], env=env, check=True,
+                             capture_output=True, text=True).stdout  # fmt: skip
+    exported = dict(line.removeprefix("export ").split("=", 1) for line in printed.splitlines())
+    return {**os.environ, "SLURM_CONF": exported["SLURM_CONF"]}
+
+
+def sbatch_wait(env: dict[str, str], options: list[str], command: list[str]) -> float:
+    """Seconds from submission to the end of the job; fails loudly if the job failed."""
+    started = time.perf_counter()
+    done = subprocess.run(
+        ["sbatch", "--wait", "--parsable", *options, *command],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    took = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"job failed ({' '.join(command)}):\n{done.stdout}\n{done.stderr}")
+    return took
+
+
+def arms(ranks: int, steps: int, work: pathlib.Path, run: int) -> dict[str, list[str]]:
+    """The sbatch arguments of each arm for one run."""
+    quick = [
+        f"data.kwargs={{train_size: {steps * 32 * ranks}, eval_size: {64 * ranks}}}",
+        "data.batch_size=32", f"train.max_steps={steps}", "train.epochs=1", "optim.lr=0.003",
+        "optim.warmup_steps=0", "optim.schedule=constant", "data.num_workers=0",
+        "train.log_every_steps=1000",
+    ]  # fmt: skip
+    raw = f"srun {sys.executable} -m tests.benchmarks.raw_ddp {steps} {work / f'raw-{run}'}"
+    return {
+        "raw": ["--wrap", raw],
+        "hpcddp": ["sbatch/train.sh", "examples/quickstart.yaml",
+                   f"run.dir={work / f'hpcddp-{run}'}", *quick],
+    }  # fmt: skip
+
+
+def measure(env: dict[str, str], ranks: int, steps: int, runs: int, work: pathlib.Path) -> dict:
+    """Alternate raw and hpcddp ``runs`` times at ``ranks``; medians and the last timeline."""
+    nodes, per_node = GEOMETRY[ranks]
+    work.mkdir(parents=True, exist_ok=True)
+    options = [f"--nodes={nodes}", f"--ntasks-per-node={per_node}", "--cpus-per-task=1",
+               f"--output={work}/%x-%j.out", f"--export=ALL,HPCDDP_PYTHON={sys.executable}"]  # fmt: skip
+    times: dict[str, list[float]] = {"raw": [], "hpcddp": []}
+    for run in range(runs):
+        for arm, command in arms(ranks, steps, work, run).items():
+            times[arm].append(sbatch_wait(env, [*options, f"--job-name={arm}"], command))
+    summary = json.loads((work / f"hpcddp-{runs - 1}" / "summary.json").read_text())
+    return {"ranks": ranks, **{k: statistics.median(v) for k, v in times.items()},
+            "runs": times, "timeline": summary.get("timeline")}  # fmt: skip
+
+
+def report(rows: list[dict]) -> str:
+    """The side-by-side table, the per-run times, and each timeline."""
+    lines = ["ranks  raw s  hpcddp s  ratio (target <= 1.05)"]
+    for row in rows:
+        ratio = row["hpcddp"] / row["raw"]
+        lines.append(f"{row['ranks']:>5}  {row['raw']:>5.1f}  {row['hpcddp']:>8.1f}  {ratio:.3f}")
+    for row in rows:
+        lines.append(f"\n{row['ranks']} ranks, per run: raw {row['runs']['raw']}, "
+                     f"hpcddp {row['runs']['hpcddp']}")  # fmt: skip
+        if row["timeline"]:
+            lines.append(table(row["timeline"]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.startup")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32], choices=sorted(GEOMETRY))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="4 ranks, 1 run")
+    args = parser.parse_args(argv)
+    ranks, runs = ([4], 1) if args.quick else (args.ranks, args.runs)
+    env = start_cluster(max(GEOMETRY[r][0] for r in ranks))
+    try:
+        with tempfile.TemporaryDirectory(prefix="hpcddp-startup-") as folder:
+            rows = [measure(env, r, args.steps, runs, pathlib.Path(folder) / str(r)) for r in ranks]
+    finally:
+        stop = {**os.environ, "HPCDDP_SLURM_INSTANCE": INSTANCE}
+        subprocess.run(["bash", str(CLUSTER), "stop"], env=stop, capture_output=True)
+    print(report(rows), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
