@@ -75,8 +75,13 @@ def measure(env: dict[str, str], ranks: int, steps: int, runs: int, work: pathli
     """Alternate raw and hpcddp ``runs`` times at ``ranks``; medians and the last timeline."""
     nodes, per_node = GEOMETRY[ranks]
     work.mkdir(parents=True, exist_ok=True)
-    options = [f"--nodes={nodes}", f"--ntasks-per-node={per_node}", "--cpus-per-task=1",
-               f"--output={work}/%x-%j.out", f"--export=ALL,HPCDDP_PYTHON={sys.executable}"]  # fmt: skip
+    options = [
+        f"--nodes={nodes}",
+        f"--ntasks-per-node={per_node}",
+        "--cpus-per-task=1",
+        f"--output={work}/%x-%j.out",
+        f"--export=ALL,HPCDDP_PYTHON={sys.executable}",
+    ]
     times: dict[str, list[float]] = {"raw": [], "hpcddp": []}
     for run in range(runs):
         for arm, command in arms(ranks, steps, work, run).items():
