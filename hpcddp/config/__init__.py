@@ -12,6 +12,7 @@ from hpcddp.config.sections import (
     OptimConfig,
     RunConfig,
     SlurmConfig,
+    TaskConfig,
     TrainConfig,
 )
 
@@ -23,6 +24,7 @@ __all__ = [
     "OptimConfig",
     "RunConfig",
     "SlurmConfig",
+    "TaskConfig",
     "TrainConfig",
     "apply_overrides",
     "from_dict",

@@ -17,13 +17,17 @@ bytes while they stream to disk (no second copy of the model in memory) and keep
 inline_container.cc:672] . unexpected pos N vs M``, with no errno. The generic durable-write
 machinery (temp files, fsyncs, renames) lives in ``hpcddp.atomic``; this module decides names,
 sidecars, ordering, pruning and what resume may load.
+
+Loading verifies the sha256 in one streaming read (a fixed buffer, never the whole file in
+memory), which also leaves the file in the page cache, then maps it
+(`hpcddp.storage.mapped`): tensors view the cached pages instead of a copy. `verify` and
+`load_verified` are separate so that one process per node can verify for its neighbours.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import logging
 import os
 import pathlib
@@ -36,12 +40,13 @@ from typing import IO, cast
 import torch
 
 from hpcddp.errors import CheckpointError
-from hpcddp.storage import atomic
+from hpcddp.storage import atomic, mapped
 
 log = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(r"^step-(\d{8,})\.pt$")  # Temp files start with a dot: never a match.
 _SIDECAR_SUFFIX = ".sha256"
+_READ_CHUNK_BYTES = 8 << 20  # one buffer, refilled: verification holds no copy of the file
 _DISK_FULL_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}
 
 
@@ -222,11 +227,22 @@ class CheckpointStore:
         return None
 
     def load(self, path: str | os.PathLike, map_location="cpu") -> dict:
-        """Verify ``path`` against its sidecar and load it with ``weights_only=True``."""
+        """Verify ``path`` against its sidecar and load it (mapped, ``weights_only=True``)."""
+        self.verify(path)
+        state = self.load_verified(path)
+        if map_location != "cpu":
+            state = _to(state, map_location)
+        return state
+
+    def verify(self, path: str | os.PathLike) -> None:
+        """Raise ``CheckpointError`` unless the bytes of ``path`` match its sidecar."""
+        _verify(pathlib.Path(path))
+
+    def load_verified(self, path: str | os.PathLike) -> dict:
+        """Load ``path``, already verified, with tensors mapped from the file."""
         path = pathlib.Path(path)
-        data = _read_verified(path)
         try:
-            state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+            state = mapped.load(path)
         except Exception as exc:  # Unpickling errors come in many types; all mean "unusable".
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CheckpointError(
@@ -324,8 +340,8 @@ def _old_digests(path: pathlib.Path) -> list[str]:
         return []  # The old payload was unverifiable anyway; nothing to preserve.
 
 
-def _read_verified(path: pathlib.Path) -> bytes:
-    """Bytes of ``path`` if their sha256 is listed in its sidecar; CheckpointError otherwise."""
+def _verify(path: pathlib.Path) -> None:
+    """CheckpointError unless the sha256 of ``path`` is listed in its sidecar (one read)."""
     sidecar = _sidecar(path)
     try:
         digests = _read_digests(sidecar)
@@ -336,19 +352,40 @@ def _read_verified(path: pathlib.Path) -> bytes:
             "without it; resume falls back to an older checkpoint."
         ) from exc
     try:
-        data = path.read_bytes()
+        actual, size = _sha256_of(path)
     except OSError as exc:
         raise CheckpointError(
             f"checkpoint {path} cannot be read: {exc}. HINT: check the filesystem and permissions."
         ) from exc
-    actual = hashlib.sha256(data).hexdigest()
     if actual not in digests:
         raise CheckpointError(
-            f"checkpoint {path} is corrupt: sha256 {actual[:16]}... of its {len(data)} bytes does "
+            f"checkpoint {path} is corrupt: sha256 {actual[:16]}... of its {size} bytes does "
             f"not match {sidecar.name}; expected {digests[-1][:16]}... HINT: it was truncated or "
             "altered after saving; resume falls back to an older checkpoint."
         )
-    return data
+
+
+def _sha256_of(path: pathlib.Path) -> tuple[str, int]:
+    """(hex digest, size) of a file, read through one reused buffer."""
+    digest, size = hashlib.sha256(), 0
+    buffer = bytearray(_READ_CHUNK_BYTES)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while n := handle.readinto(buffer):
+            digest.update(view[:n])
+            size += n
+    return digest.hexdigest(), size
+
+
+def _to(obj, device):
+    """Tensors of a nested state moved to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
 
 
 def _is_debris(path: pathlib.Path) -> bool:

@@ -18,6 +18,7 @@ class Progress:
     epoch: int = 0
     batch: int = 0  # micro-batches of this epoch already consumed
     last_loss: float = float("nan")
+    skipped_steps: int = 0  # non-finite steps skipped (train.nonfinite=skip)
 
 
 def weights_sha256(module: torch.nn.Module) -> str:
