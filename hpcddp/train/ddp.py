@@ -9,9 +9,11 @@ import contextlib
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpcddp.config import Config
+from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.train import batches
 
@@ -21,6 +23,12 @@ def wrap(
 ) -> tuple[torch.nn.Module, DDP]:
     """(the module to optimize and save, its DDP wrapper); SyncBatchNorm only across ranks."""
     if cfg.train.sync_batchnorm and env.distributed:
+        if device.type != "cuda":
+            raise ConfigError(
+                f"train.sync_batchnorm=true needs CUDA: DDP refuses SyncBatchNorm on {device} "
+                "modules. HINT: set train.sync_batchnorm=false on CPU (each rank then keeps "
+                "its own batch statistics)."
+            )
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if cfg.train.compile:
         # in place, inside DDP: dynamo will not trace through DDP's own forward, and
@@ -49,6 +57,15 @@ def autocast(precision: str, device: torch.device):
 def make_scaler(precision: str) -> "torch.amp.GradScaler | None":
     """fp16 needs loss scaling (CUDA only; bf16 keeps fp32's range and needs none)."""
     return torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
+
+def sync_buffers(model: torch.nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm running statistics) on every rank, as DDP's next forward
+    would make them: before evaluation and the final weights check, where no forward comes."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
 
 
 def first_batch(dataset: Any, batch_size: int) -> Any:

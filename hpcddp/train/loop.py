@@ -357,6 +357,7 @@ class TrainingRun:
         """The task's metrics over the eval set (every rank its shard), logged on rank 0."""
         if self.eval_loader is None:
             return None
+        ddp.sync_buffers(self.model)
         result = evaluation.evaluate(
             self.model, self.eval_loader, self.task, self.device, self.cfg.train.precision
         )
@@ -374,6 +375,7 @@ class TrainingRun:
         """Check every rank holds the same weights, then write summary.json (rank 0)."""
         if self.last_eval is None and self.eval_loader is not None:
             self.evaluate(record=False)  # re-run of a finished run: same weights, same metrics
+        ddp.sync_buffers(self.model)
         digest = weights_sha256(self.model)
         gathered = collectives.all_gather_object((digest, self.env.hostname))
         digests, hosts = [d for d, _ in gathered], [h for _, h in gathered]

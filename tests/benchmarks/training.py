@@ -146,11 +146,16 @@ def hand_written_ddp(
     config: Config,
     rank: int,
     world_size: int,
+    fused: bool = False,
 ) -> tuple[nn.Module, int]:
     """The tutorial DDP loop in the trainer's operation order; returns (model, steps taken).
 
     Mirrors what the benchmark and tests/local/test_parity.py configure (fp32, AdamW, no gradient
     clipping, no compile); expects MASTER_ADDR and MASTER_PORT in the environment (``env://``).
+    ``fused=False`` is the tutorial's ``AdamW(params, lr=...)``, PyTorch's default (a loop of
+    element-wise operations on CPU): the baseline the benchmark times. ``fused=True`` is the
+    same loop with the optimizer the trainer uses by default (``optim.fused``): op for op the
+    trainer's arithmetic, which the parity test compares bit for bit.
     """
     seed, data, train = config.run.seed, config.data, config.train
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size)
@@ -172,7 +177,10 @@ def hand_written_ddp(
     accum = train.grad_accum_steps
     total_steps = train.max_steps or train.epochs * math.ceil(len(loader) / accum)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay
+        model.parameters(),
+        lr=config.optim.lr,
+        weight_decay=config.optim.weight_decay,
+        fused=True if fused else None,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.optim, total_steps)
@@ -241,7 +249,10 @@ def worker(arm: str, config_path: str, result_path: str) -> int:
         summary = Trainer(model_fn, dataset_fn, config).fit(env)
         digest, steps = summary["weights_sha256"], summary["steps"]
     else:
-        model, steps = hand_written_ddp(model_fn, dataset_fn, config, env.rank, env.world_size)
+        fused = arm == "identical" and config.optim.fused
+        model, steps = hand_written_ddp(
+            model_fn, dataset_fn, config, env.rank, env.world_size, fused=fused
+        )
         digest = weights_sha256(model)
     if env.is_main:
         pathlib.Path(result_path).write_text(
@@ -253,7 +264,8 @@ def worker(arm: str, config_path: str, result_path: str) -> int:
 
 
 def run_pair(arm: str, config: Config, work_dir: pathlib.Path) -> dict:
-    """Train with ``arm`` ("trainer" or "hand") in NPROC local gloo processes; rank 0's result."""
+    """Train with ``arm`` in NPROC local gloo processes; rank 0's result. Arms: "trainer",
+    "hand" (the tutorial loop) and "identical" (the tutorial loop with the trainer's optimizer)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     config = dataclasses.replace(
         config, run=dataclasses.replace(config.run, dir=str(work_dir / "run"))
