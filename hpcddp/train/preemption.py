@@ -117,7 +117,7 @@ class StopVote:
             self._work = None
         self.pending = False
         reason, per_step_s = int(self._flag[0]), float(self._flag[1])
-        interval = int(self._every_s / max(per_step_s, 1e-9))
+        interval = round(self._every_s / max(per_step_s, 1e-9))
         self.next_step = self._cast_at + min(max(interval, 1), MAX_VOTE_INTERVAL_STEPS)
         return reason
 
