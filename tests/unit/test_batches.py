@@ -22,7 +22,6 @@ class Sample:
     meta: dict
 
 
-
 def test_every_tensor_of_a_nested_batch_moves_and_containers_keep_their_type(monkeypatch):
     moved = []
     monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **kw: moved.append(kw) or t + 100)
