@@ -297,6 +297,7 @@ class TrainingRun:
             or last
         ):
             self.evaluate()
+            self.vote.restart(step)
         if (
             (t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0)
             or (not t.checkpoint_every_steps and epoch_done)
@@ -309,6 +310,7 @@ class TrainingRun:
                 self.nonfinite_local = False
                 return preemption.STOP_NONFINITE
             self.checkpoints.save(self.progress, epoch_done)
+            self.vote.restart(step)
         return reason
 
     def _stop_reason(self, step: int, last: bool) -> int:

@@ -88,10 +88,18 @@ class StopVote:
         self._distributed = distributed
         self._every_s = every_s
         self.pending = False  # cast, not yet read
+        self._soon = False  # a pause since the last cast: vote again right after the next step
         self.next_step = 1  # the first vote: after step 1
         self._cast_at, self._since = 0, time.perf_counter()
         # creating a group is a collective: every rank builds its StopVote at the same point
         self._group = dist.new_group(backend="gloo") if distributed and backend != "gloo" else None
+
+    def restart(self, step: int) -> None:
+        """After a pause every rank took together (a checkpoint, an evaluation): vote after the
+        next step, and time steps from now, so a long pause neither delays a stop for long nor
+        counts as a slow step."""
+        self.next_step, self._soon = min(self.next_step, step + 1), True
+        self._cast_at, self._since = step, time.perf_counter()
 
     def due(self, step: int) -> bool:
         """Is a vote held after ``step``?"""
@@ -118,7 +126,8 @@ class StopVote:
         self.pending = False
         reason, per_step_s = int(self._flag[0]), float(self._flag[1])
         interval = round(self._every_s / max(per_step_s, 1e-9))
-        self.next_step = self._cast_at + min(max(interval, 1), MAX_VOTE_INTERVAL_STEPS)
+        interval = 1 if self._soon else min(max(interval, 1), MAX_VOTE_INTERVAL_STEPS)
+        self.next_step, self._soon = self._cast_at + interval, False
         return reason
 
 

@@ -141,7 +141,8 @@ def test_nan_at_step_8_on_rank_1_stops_every_rank_there_keeping_step_6(tmp_path)
     assert "at step 8 in the loss first on rank 1;" in lines[0]
     assert "checkpoint step 6 is the latest" in lines[0]
     assert CheckpointStore(tmp_path).load_latest()[0] == 6
-    steps = [json.loads(line).get("step") for line in open(tmp_path / "metrics.jsonl")]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line).get("step") for line in lines]
     assert max(steps) == 7  # step 8 was not applied, logged or saved
     record = json.loads((tmp_path / "summary.json").read_text())
     assert record["reason"] == "nonfinite" and record["status"] == "failed"

@@ -1,8 +1,8 @@
 """Any batch, any output: moving to the device, feeding the model, finding the loss."""
 
 import collections
-import math
 import dataclasses
+import math
 
 import pytest
 import torch

@@ -1,5 +1,6 @@
 """The NaN/inf guard's pieces and the stop vote's cadence, in one process."""
 
+import itertools
 import math
 
 import pytest
@@ -103,7 +104,24 @@ def test_the_vote_is_held_about_every_half_second(monkeypatch):
         if vote.due(step):
             vote.cast(preemption.CARRY_ON, step)
             held.append(step)
-    assert held[:3] == [1, 51, 101] and all(b - a == 50 for a, b in zip(held, held[1:]))
+    assert held[:3] == [1, 51, 101] and all(b - a == 50 for a, b in itertools.pairwise(held))
+
+
+def test_after_a_pause_every_rank_took_the_next_step_votes(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(preemption.time, "perf_counter", clock)
+    vote = preemption.StopVote("gloo", distributed=False)
+    clock.now += 0.01
+    vote.cast(preemption.CARRY_ON, 1)
+    clock.now += 5.0  # a checkpoint right after the vote
+    vote.restart(1)
+    clock.now += 0.01
+    vote.result()
+    assert vote.due(2)
+    vote.cast(preemption.CARRY_ON, 2)
+    clock.now += 0.01
+    vote.result()
+    assert vote.next_step == 52  # the pause did not count as a slow step
 
 
 def test_a_slow_step_votes_every_step_and_the_reason_comes_back(monkeypatch):
