@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 _PAGE = mmap.PAGESIZE
+_CHUNK_BYTES = 16 << 20  # a big tensor is copied and released this much at a time
 _MADV_DONTNEED = 4  # Linux
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _madvise = getattr(_libc, "madvise", None)
@@ -33,8 +34,11 @@ def release(tensor: torch.Tensor) -> None:
     """Let go of the whole pages under ``tensor`` (for mapped tensors already copied)."""
     if _madvise is None or tensor.device.type != "cpu" or os.uname().sysname != "Linux":
         return
-    start = tensor.untyped_storage().data_ptr()
-    end = start + tensor.untyped_storage().nbytes()
+    if tensor.is_contiguous():
+        start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes
+    else:
+        start = tensor.untyped_storage().data_ptr()
+        end = start + tensor.untyped_storage().nbytes()
     first, last = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
     if last > first:
         _madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED)
@@ -43,8 +47,8 @@ def release(tensor: torch.Tensor) -> None:
 def materialize(obj: Any) -> Any:
     """``obj`` with every tensor copied into fresh memory, each mapped source released."""
     if isinstance(obj, torch.Tensor):
-        fresh = obj.clone()
-        release(obj)
+        fresh = torch.empty_like(obj, memory_format=torch.contiguous_format)
+        copy_released(fresh, obj)
         return fresh
     if isinstance(obj, Mapping):
         return {k: materialize(v) for k, v in obj.items()}
@@ -66,6 +70,20 @@ def copy_into(destination: dict[str, torch.Tensor], loaded: Mapping[str, Any]) -
         return False
     with torch.no_grad():
         for key, target in destination.items():
-            target.copy_(loaded[key])
-            release(loaded[key])
+            copy_released(target, loaded[key])
     return True
+
+
+def copy_released(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target.copy_(source)``, a chunk at a time for big tensors, releasing each chunk of
+    ``source`` once copied: a single 1 GB tensor must not be resident twice either."""
+    if not (target.is_contiguous() and source.is_contiguous()) or source.nbytes <= _CHUNK_BYTES:
+        target.copy_(source)
+        release(source)
+        return
+    flat_target, flat_source = target.view(-1), source.view(-1)
+    step = max(_CHUNK_BYTES // source.element_size(), 1)
+    for start in range(0, flat_source.numel(), step):
+        piece = flat_source[start : start + step]
+        flat_target[start : start + step].copy_(piece)
+        release(piece)

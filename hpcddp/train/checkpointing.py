@@ -8,9 +8,10 @@ then, as the same error. The ranks that wait for rank 0 wait on a group whose ti
 checkpoint's size (`hpcddp.dist.waiting`), never tripping ``dist.timeout_s``.
 
 Resuming: local rank 0 of each node verifies the newest checkpoint's sha256 (one read of the
-file per node, which leaves it in that node's page cache); once every node agrees it is good,
-every rank maps it and copies each tensor where it belongs, letting go of the mapped pages as it
-goes (`hpcddp.storage.mapped`), so a rank holds its training state plus about one tensor.
+file per node, through that node's page cache) while every rank maps the file and copies each
+tensor where it belongs, letting go of the mapped pages as it goes (`hpcddp.storage.mapped`),
+so a rank holds its training state plus one chunk. Only when every node's check passed is the
+rest (optimizer, scheduler, RNG, progress) restored; otherwise the next older one is tried.
 """
 
 import concurrent.futures
@@ -144,9 +145,9 @@ class Checkpointer:
                 "run.dir must be on a file system every node shares."
             )
         for step, path in reversed(complete):
-            state = self._verified_on_every_node(path) and self._loadable(path)
-            if state:
-                return self._load(step, state)
+            progress = self._try(step, path)
+            if progress is not None:
+                return progress
         if complete:
             raise CheckpointError(
                 f"none of the {len(complete)} checkpoints in {self.store.directory} is usable "
@@ -155,29 +156,44 @@ class Checkpointer:
             )
         return None
 
-    def _verified_on_every_node(self, path: pathlib.Path) -> bool:
-        """Local rank 0 of each node reads and checks the file; all ranks learn the verdict."""
-        problem = None
-        if self.env.local_rank == 0:
+    def _try(self, step: int, path: pathlib.Path) -> Progress | None:
+        """Resume from ``path`` if every node's check of it passes; None to try an older one.
+
+        Local rank 0 of each node hashes the file on a helper thread while every rank maps it
+        and copies the weights into the model, so the read for the check and the copy overlap
+        (both come through the node's page cache). Nothing else is restored before the verdict,
+        and a rejected file's weights are overwritten by the next candidate's.
+        """
+        with concurrent.futures.ThreadPoolExecutor(1, "hpcddp-verify") as pool:
+            check = pool.submit(self.store.verify, path) if self.env.local_rank == 0 else None
+            state = self._loadable(path)
+            if state is not None:
+                self._check_world_size(step, state)
+                if not mapped.copy_into(self.trained.model.state_dict(), state["model"]):
+                    self.trained.model.load_state_dict(state["model"])  # says what misfits
+            problem = None if state is not None else "it does not load safely"
             try:
-                self.store.verify(path)
+                if check is not None:
+                    check.result()
             except CheckpointError as err:
                 problem = str(err)
         problems = [p for p in collectives.all_gather_object(problem) if p]
         if problems:
             log.warning("skipping checkpoint %s: %s", path, problems[0])
-        return not problems
+            return None
+        assert state is not None  # every rank loaded it, or some rank had a problem
+        return self._load_rest(step, state)
 
     def _loadable(self, path: pathlib.Path) -> dict[str, Any] | None:
-        """The verified file, mapped; None if it will not unpickle safely (the same bytes,
-        so the same verdict, on every rank)."""
+        """The file, mapped; None if it will not unpickle safely (the same bytes, so the same
+        verdict, on every rank)."""
         try:
             return self.store.load_verified(path)
         except CheckpointError as err:
-            log.warning("skipping checkpoint %s: %s", path, err)
+            log.warning("cannot load checkpoint %s: %s", path, err)
             return None
 
-    def _load(self, step: int, state: dict[str, Any]) -> Progress:
+    def _check_world_size(self, step: int, state: dict[str, Any]) -> None:
         if state["world_size"] != self.env.world_size:
             raise ConfigError(
                 f"the checkpoint at step {step} in {self.run_dir} was written by "
@@ -185,9 +201,10 @@ class Checkpointer:
                 "needs the same world size. HINT: relaunch with the original number of tasks, "
                 "or choose a new run.dir."
             )
+
+    def _load_rest(self, step: int, state: dict[str, Any]) -> Progress:
+        """Everything but the weights (already copied), from a verified checkpoint."""
         t = self.trained
-        if not mapped.copy_into(t.model.state_dict(), state["model"]):
-            t.model.load_state_dict(state["model"])  # says what does not fit
         t.optimizer.load_state_dict(mapped.materialize(state["optimizer"]))
         t.scheduler.load_state_dict(state["scheduler"])
         if t.scaler and state["scaler"]:

@@ -28,5 +28,5 @@ def weights_sha256(module: torch.nn.Module) -> str:
         tensor = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
         # reshape first: a 0-d tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))  # no copy
     return digest.hexdigest()
