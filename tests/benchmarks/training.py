@@ -10,8 +10,11 @@ Training: every run starts 2 fresh local gloo processes on the CPU (``OMP_NUM_TH
 2 in both arms) that train one model for a fixed number of steps, either with `Trainer` or with
 `hand_written_ddp`, the PyTorch tutorial loop written in the trainer's exact operation order (same
 DDP options, sampler, generator seeding, loss scaling, ``optimizer.step``, ``scheduler.step``,
-``zero_grad(set_to_none=True)``). tests/local/test_parity.py checks that both end in bitwise equal
-weights, so the two arms do the same arithmetic and differ only in the trainer's bookkeeping. The
+``zero_grad(set_to_none=True)``) with the tutorial's optimizer, ``AdamW(params, lr=...)``. The
+trainer's only arithmetic difference is its fused AdamW (``optim.fused``, one pass over the
+weights instead of a dozen); tests/local/test_parity.py checks that the same loop given that
+optimizer ends in bitwise equal weights, and that with ``optim.fused=false`` the trainer equals
+the tutorial loop itself, so the arms differ only in the optimizer kernel and the bookkeeping. The
 arms alternate (hand, trainer, hand, ...) so drift in machine load hits both alike. Models: *small*
 (273k parameters, the quickstart MLP with 512 hidden units: per-step overhead dominates) and
 *medium* (9.5M parameters: compute and the 38 MB gradient all-reduce dominate).
@@ -31,13 +34,14 @@ every-10th-step loss all-reduce for logging, so "difference" is the steady-state
 machine: the per-run medians printed under the table show the spread, and on a busy machine they
 vary far more than the few percent being measured.
 
-Checkpoints: `CheckpointStore.save` of the medium model's training state (weights plus AdamW
-moments, about 114 MB, as the trainer saves it) against ``dd if=/dev/zero bs=4M conv=fsync``
-writing as many bytes to the same directory (``--dir``: point it at the file system you
-checkpoint to); alternated, medians, MB = 10^6 bytes. Both are
-durable at the end (fsync). Old files are deleted between repetitions, outside the timing.
+The stop vote, on the small model: the trainer as it is (a vote about every 0.5 s), with the
+vote switched off ("no vote") and with a vote after every step ("vote every step", what the
+trainer did before), alternated with the others; the difference with and without is its cost.
 
-Targets: small model trainer <= hand-written + 0.5 ms/step; medium within 3%; save >= 0.8x dd.
+Checkpoints have their own benchmark: ``python -m tests.benchmarks.checkpoints``.
+
+Targets: the small model (the quickstart's size) <= 0.97x the hand-written loop, the medium
+<= 0.85x; the stop vote <= 0.05 ms a step.
 """
 
 import argparse
@@ -245,7 +249,8 @@ def worker(arm: str, config_path: str, result_path: str) -> int:
     factory = import_factory(config.model.factory, "model")
     dataset_fn = import_factory(config.data.factory, "data")
     model_fn = lambda **kwargs: clock.attach(factory(**kwargs))  # noqa: E731
-    if arm == "trainer":
+    if arm.startswith("trainer"):
+        _set_vote(arm)
         summary = Trainer(model_fn, dataset_fn, config).fit(env)
         digest, steps = summary["weights_sha256"], summary["steps"]
     else:
@@ -261,6 +266,18 @@ def worker(arm: str, config_path: str, result_path: str) -> int:
             )
         )
     return 0
+
+
+VOTE_ARMS = {"trainer-no-vote": False, "trainer-vote-every-step": True}
+
+
+def _set_vote(arm: str) -> None:
+    """The vote as configured ("trainer"), never, or after every step (as it used to be)."""
+    from hpcddp.train.preemption import StopVote
+
+    if arm in VOTE_ARMS:
+        every_step = VOTE_ARMS[arm]
+        StopVote.due = lambda self, step: every_step and not self.pending  # type: ignore
 
 
 def run_pair(arm: str, config: Config, work_dir: pathlib.Path) -> dict:
@@ -330,10 +347,12 @@ def run_median_ms(result: dict) -> float:
     return statistics.median(gaps[min(WARMUP_STEPS, len(gaps) // 2) :])
 
 
-def time_training(model: str, steps: int, runs: int, work_dir: pathlib.Path) -> dict:
-    """Alternate hand-written and trainer runs; median over runs of per-run medians (ms/step)."""
+def time_training(
+    model: str, steps: int, runs: int, work_dir: pathlib.Path, arms: tuple[str, ...]
+) -> dict:
+    """Alternate the arms' runs; median over runs of per-run medians (ms/step)."""
     config = bench_config(MODELS[model], steps)
-    medians: dict[str, list[float]] = {"hand": [], "trainer": []}
+    medians: dict[str, list[float]] = {arm: [] for arm in arms}
     for run in range(runs):
         for arm in medians:
             result = run_pair(arm, config, work_dir / f"{model}-{arm}-{run}")
@@ -348,61 +367,10 @@ def time_training(model: str, steps: int, runs: int, work_dir: pathlib.Path) -> 
     }
 
 
-def training_state(model_kwargs: dict) -> dict:
-    """A checkpoint-shaped state: weights, AdamW moments (after one step), scheduler, progress."""
-    model = mlp(**model_kwargs)
-    optimizer = torch.optim.AdamW(model.parameters())
-    F.cross_entropy(
-        model(torch.randn(8, model_kwargs["in_features"])), torch.zeros(8, dtype=torch.long)
-    ).backward()
-    optimizer.step()
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": {"last_epoch": 1},
-        "progress": {"step": 1},
-        "world_size": NPROC,
-    }
-
-
-def time_checkpoint(runs: int, work_dir: pathlib.Path) -> dict:
-    """`CheckpointStore.save` against ``dd ... conv=fsync`` of as many bytes; medians in MB/s."""
-    from hpcddp.storage.checkpoint import CheckpointStore
-
-    store = CheckpointStore(work_dir / "ckpt", keep_last=runs + 1)
-    state, save_s, dd_s, size = training_state(MODELS["medium"]), [], [], 0
-    for run in range(runs):
-        started = time.perf_counter()
-        path = store.save(run, state)
-        save_s.append(time.perf_counter() - started)
-        size = path.stat().st_size
-        for written in list(store.directory.iterdir()):  # deleting is not part of writing
-            written.unlink()
-        dd_s.append(_dd_seconds(store.directory / "dd.bin", size))
-    blocks_bytes = math.ceil(size / (4 << 20)) * (4 << 20)
-    save_mb_s = size / 1e6 / statistics.median(save_s)
-    dd_mb_s = blocks_bytes / 1e6 / statistics.median(dd_s)
-    return {"size_mb": size / 1e6, "save_mb_s": save_mb_s, "dd_mb_s": dd_mb_s}
-
-
-def _dd_seconds(path: pathlib.Path, nbytes: int) -> float:
-    """Wall time of a sequential, fsynced write of ``nbytes`` (rounded up to 4 MiB blocks)."""
-    count = math.ceil(nbytes / (4 << 20))
-    started = time.perf_counter()
-    subprocess.run(
-        ["dd", "if=/dev/zero", f"of={path}", "bs=4M", f"count={count}", "conv=fsync"],
-        check=True,
-        capture_output=True,
-    )
-    elapsed = time.perf_counter() - started
-    path.unlink()
-    return elapsed
-
-
 # -- report -------------------------------------------------------------------------------------
 
 
-def format_report(rows: list[dict], ckpt: dict) -> str:
+def format_report(rows: list[dict]) -> str:
     """The results as a plain-text table."""
     lines = [
         f"{'model':<8}{'params':>12}{'hand-written ms/step':>22}{'trainer ms/step':>17}"
@@ -413,18 +381,20 @@ def format_report(rows: list[dict], ckpt: dict) -> str:
             f"{r['model']:<8}{r['params']:>12,}{r['hand']:>22.3f}{r['trainer']:>17.3f}"
             f"{r['trainer'] - r['hand']:>+15.3f}{r['trainer'] / r['hand']:>8.3f}"
         )
+    vote = rows[0]
+    if all(arm in vote for arm in VOTE_ARMS):
+        lines += [
+            "",
+            f"stop vote ({vote['model']} model), ms/step: every ~0.5 s {vote['trainer']:.3f}, "
+            f"none {vote['trainer-no-vote']:.3f}, every step {vote['trainer-vote-every-step']:.3f}",
+            f"  cost of the vote: {vote['trainer'] - vote['trainer-no-vote']:+.3f} ms/step "
+            f"(every step: {vote['trainer-vote-every-step'] - vote['trainer-no-vote']:+.3f})",
+        ]
     lines += ["", "per-run medians, ms/step (the spread shows how noisy this machine is):"]
     lines += [
-        f"  {r['model']:<7} {arm:<8} {' '.join(f'{v:.3f}' for v in r['runs'][arm])}"
+        f"  {r['model']:<7} {arm:<24} {' '.join(f'{v:.3f}' for v in r['runs'][arm])}"
         for r in rows
-        for arm in ("hand", "trainer")
-    ]
-    lines += [
-        "",
-        f"checkpoint save of {ckpt['size_mb']:.1f} MB (medium model + AdamW state):",
-        f"  dd conv=fsync {ckpt['dd_mb_s']:8.1f} MB/s",
-        f"  CheckpointStore.save {ckpt['save_mb_s']:8.1f} MB/s",
-        f"  ratio {ckpt['save_mb_s'] / ckpt['dd_mb_s']:.2f}x",
+        for arm in r["runs"]
     ]
     return "\n".join(lines)
 
@@ -465,11 +435,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hpcddp-bench-", dir=args.dir) as tmp:
         work_dir = pathlib.Path(tmp)
         rows = [
-            time_training(m, args.steps or (12 if args.quick else DEFAULT_STEPS[m]), runs, work_dir)
+            time_training(
+                m,
+                args.steps or (12 if args.quick else DEFAULT_STEPS[m]),
+                runs,
+                work_dir,
+                ("hand", "trainer", *(VOTE_ARMS if m == "small" else ())),
+            )
             for m in MODELS
         ]
-        ckpt = time_checkpoint(runs, work_dir)
-    print(format_report(rows, ckpt), flush=True)
+    print(format_report(rows), flush=True)
     return 0
 
 

@@ -65,3 +65,18 @@ def test_a_stop_with_a_write_in_flight_waits_for_it_and_resumes_exactly(tmp_path
     train_local(run_dir, *args)
     train_local(tmp_path / "straight", *args)
     assert summary(run_dir)["weights_sha256"] == summary(tmp_path / "straight")["weights_sha256"]
+
+
+def test_a_corrupt_latest_checkpoint_is_skipped_by_every_rank(tmp_path):
+    args = [*EXACT, "train.epochs=1", "train.checkpoint_every_steps=4"]
+    run_dir = tmp_path / "run"
+    train_local(run_dir, *args, "train.stop_after_steps=9")
+    latest = run_dir / "checkpoints" / "step-00000009.pt"
+    data = bytearray(latest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    latest.write_bytes(bytes(data))
+    train_local(run_dir, *args)
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "skipping checkpoint" in log and "resumed from step 8" in log
+    train_local(tmp_path / "straight", *args)
+    assert summary(run_dir)["weights_sha256"] == summary(tmp_path / "straight")["weights_sha256"]
