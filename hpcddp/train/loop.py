@@ -37,24 +37,6 @@ from hpcddp.train.task import Task
 log = logging.getLogger(__name__)
 
 
-def split_datasets(made: Any) -> tuple[Any, Any]:
-    """A dataset factory returns ``train`` or ``(train, eval)`` or ``{"train":..., "eval":...}``."""
-    if isinstance(made, dict):
-        return made["train"], made.get("eval")
-    if isinstance(made, (tuple, list)):
-        return made[0], made[1] if len(made) > 1 else None
-    return made, None
-
-
-def _refuse_empty_eval(eval_set: Any) -> None:
-    """An empty eval set would report 0.0 metrics as if measured: refuse it at start-up."""
-    if eval_set is not None and hasattr(eval_set, "__len__") and len(eval_set) == 0:
-        raise ConfigError(
-            "the eval set returned by data.factory is empty, so no metric could be measured. "
-            "HINT: give it samples, or return only the training set to train without eval."
-        )
-
-
 class Throughput:
     """Samples per second between two logging steps."""
 
@@ -93,8 +75,7 @@ class TrainingRun:
         self.stop_flag = stop_flag
         rng.seed_everything(cfg.run.seed)  # identical initial weights on every rank
         model = model_fn(**cfg.model.kwargs).to(device)
-        train_set, eval_set = split_datasets(dataset_fn(**cfg.data.kwargs))
-        _refuse_empty_eval(eval_set)
+        train_set, eval_set = data.split_datasets(dataset_fn(**cfg.data.kwargs))
         self.train_loader = data.make_train_loader(train_set, cfg.data, env, cfg.run.seed)
         self.eval_loader = (
             None if eval_set is None else data.make_eval_loader(eval_set, cfg.data, env)
