@@ -262,7 +262,13 @@ def worker(arm: str, config_path: str, result_path: str) -> int:
     if env.is_main:
         pathlib.Path(result_path).write_text(
             json.dumps(
-                {"arm": arm, "weights_sha256": digest, "steps": steps, "step_ms": clock.gaps_ms()}
+                {
+                    "arm": arm,
+                    "weights_sha256": digest,
+                    "steps": steps,
+                    "step_ms": clock.gaps_ms(),
+                    **({"vote": VOTE_TIME} if arm.startswith("trainer") else {}),
+                }
             )
         )
     return 0
@@ -271,13 +277,31 @@ def worker(arm: str, config_path: str, result_path: str) -> int:
 VOTE_ARMS = {"trainer-no-vote": False, "trainer-vote-every-step": True}
 
 
+VOTE_TIME = {"votes": 0, "ms": 0.0}  # time the main thread spent casting and reading votes
+
+
 def _set_vote(arm: str) -> None:
-    """The vote as configured ("trainer"), never, or after every step (as it used to be)."""
+    """The vote as configured ("trainer"), never, or after every step (as it used to be);
+    the time spent in ``cast`` and ``result`` is added up in `VOTE_TIME`."""
     from hpcddp.train.preemption import StopVote
 
     if arm in VOTE_ARMS:
         every_step = VOTE_ARMS[arm]
         StopVote.due = lambda self, step: every_step and not self.pending  # type: ignore
+    for name in ("cast", "result"):
+        setattr(StopVote, name, _timed(getattr(StopVote, name), name == "cast"))
+
+
+def _timed(method, counts: bool):
+    def timed(self, *args):
+        started = time.perf_counter()
+        try:
+            return method(self, *args)
+        finally:
+            VOTE_TIME["ms"] += (time.perf_counter() - started) * 1e3
+            VOTE_TIME["votes"] += counts
+
+    return timed
 
 
 def run_pair(arm: str, config: Config, work_dir: pathlib.Path) -> dict:
@@ -353,16 +377,20 @@ def time_training(
     """Alternate the arms' runs; median over runs of per-run medians (ms/step)."""
     config = bench_config(MODELS[model], steps)
     medians: dict[str, list[float]] = {arm: [] for arm in arms}
+    votes: list[tuple[int, float, int]] = []
     for run in range(runs):
         for arm in medians:
             result = run_pair(arm, config, work_dir / f"{model}-{arm}-{run}")
             medians[arm].append(run_median_ms(result))
+            if arm == "trainer":
+                votes.append((result["vote"]["votes"], result["vote"]["ms"], result["steps"]))
             shutil.rmtree(work_dir / f"{model}-{arm}-{run}", ignore_errors=True)
     params = sum(p.numel() for p in mlp(**MODELS[model]).parameters())
     return {
         "model": model,
         "params": params,
         "runs": medians,
+        "votes": votes,
         **{arm: statistics.median(m) for arm, m in medians.items()},
     }
 
@@ -382,10 +410,17 @@ def format_report(rows: list[dict]) -> str:
             f"{r['trainer'] - r['hand']:>+15.3f}{r['trainer'] / r['hand']:>8.3f}"
         )
     vote = rows[0]
+    held = sum(v[0] for v in vote["votes"])
+    spent_ms, steps = sum(v[1] for v in vote["votes"]), sum(v[2] for v in vote["votes"])
+    lines += [
+        "",
+        f"stop vote ({vote['model']} model): {held} votes in {steps} steps (one every "
+        f"{steps / max(held, 1):.0f}), {spent_ms / max(held, 1):.3f} ms each in cast + result: "
+        f"{spent_ms / max(steps, 1):.4f} ms/step",
+    ]
     if all(arm in vote for arm in VOTE_ARMS):
         lines += [
-            "",
-            f"stop vote ({vote['model']} model), ms/step: every ~0.5 s {vote['trainer']:.3f}, "
+            f"step medians, ms/step: vote every ~0.5 s {vote['trainer']:.3f}, "
             f"none {vote['trainer-no-vote']:.3f}, every step {vote['trainer-vote-every-step']:.3f}",
             f"  cost of the vote: {vote['trainer'] - vote['trainer-no-vote']:+.3f} ms/step "
             f"(every step: {vote['trainer-vote-every-step'] - vote['trainer-no-vote']:+.3f})",
