@@ -24,6 +24,28 @@ class Snapshot:
         self.nbytes = 0
         self._from_cuda = False
 
+    def prepare(self, state: Any) -> None:
+        """Allocate (and touch) the buffers ``state`` will need, without copying it.
+
+        Meant for a helper thread early in a run, so the first `take` finds its buffers
+        ready instead of faulting in a whole state's worth of fresh pages while training
+        waits. Reads only the tensors' shapes, types and identities.
+        """
+        seen: set[_Key] = set()
+        self._walk_prepare(state, (), seen)
+
+    def _walk_prepare(self, obj: Any, path: tuple, seen: set[_Key]) -> None:
+        if isinstance(obj, torch.Tensor):
+            if _identity(obj) not in seen:
+                seen.add(_identity(obj))
+                self._buffer_for(obj, path).fill_(0)  # touch every page now
+        elif isinstance(obj, Mapping):
+            for key, value in obj.items():
+                self._walk_prepare(value, (*path, key), seen)
+        elif isinstance(obj, (list, tuple)):
+            for i, value in enumerate(obj):
+                self._walk_prepare(value, (*path, i), seen)
+
     def take(self, state: Any) -> Any:
         """A copy of ``state`` whose tensors live in this snapshot's host buffers."""
         shared: dict[_Key, torch.Tensor] = {}
@@ -46,14 +68,18 @@ class Snapshot:
         key = _identity(src)
         if key in shared:
             return shared[key]
+        buffer = self._buffer_for(src, path)
+        buffer.copy_(src.detach(), non_blocking=src.is_cuda)
+        self._from_cuda |= src.is_cuda
+        shared[key] = buffer
+        return buffer
+
+    def _buffer_for(self, src: torch.Tensor, path: tuple) -> torch.Tensor:
         buffer = self._buffers.get(path)
         if buffer is None or buffer.shape != src.shape or buffer.dtype != src.dtype:
             buffer = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
             self._buffers[path] = buffer
             self.nbytes = sum(b.nbytes for b in self._buffers.values())
-        buffer.copy_(src.detach(), non_blocking=src.is_cuda)
-        self._from_cuda |= src.is_cuda
-        shared[key] = buffer
         return buffer
 
 

@@ -83,6 +83,16 @@ class Checkpointer:
             group=self.group,
         )
 
+    def prepare(self) -> None:
+        """Rank 0, once the optimizer has its state (after the first step): allocate the host
+        buffers of the first background save on the writer thread, while training goes on."""
+        if not (self.env.rank == 0 and self.in_background and self._writer is None):
+            return
+        t = self.trained
+        shapes = {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict()}
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, "hpcddp-checkpoint")
+        self._writing = (0, self._writer.submit(self.snapshot.prepare, shapes))
+
     def wait(self) -> None:
         """Until rank 0's background write is done; its failure is raised on every rank."""
         collectives.on_rank_zero(
@@ -111,7 +121,7 @@ class Checkpointer:
             return
         step, future = self._writing
         self._writing = None
-        if not future.done():
+        if not future.done() and step:
             log.info("waiting for the checkpoint of step %d to be written", step)
         future.result()
 

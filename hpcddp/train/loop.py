@@ -110,6 +110,7 @@ class TrainingRun:
         self.vote = preemption.StopVote(env.backend, env.distributed)
         self.progress = Progress()
         self.nonfinite_local = False  # whether this rank's own loss was the non-finite one
+        self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
         self.deadline: float | None = None  # when to stop ahead of the job's time limit
         self.metrics: MetricsLog | None = None  # rank 0's metrics.jsonl, once resumed
         self.last_eval: dict[str, float] | None = None
@@ -212,6 +213,9 @@ class TrainingRun:
                 self.progress.step += 1
                 if self._stop_for_nonfinite(nonfinite, loss):
                     return preemption.STOP_NONFINITE
+                if not self.buffers_ready:  # the optimizer has its state now
+                    self.checkpoints.prepare()  # host buffers for the first background save
+                    self.buffers_ready = True
                 reason = self._after_step(loss, epoch_done=left == 0)
                 if reason:
                     return reason

@@ -70,3 +70,14 @@ def test_verification_reads_in_chunks_and_still_catches_damage(tmp_path, damage,
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="is corrupt"):
         store.verify(path)
+
+
+def test_prepared_buffers_are_the_ones_the_first_take_fills():
+    weight = torch.randn(8)
+    state = {"model": {"a": weight, "tied": weight}, "optimizer": {"m": torch.zeros(2)}}
+    snapshot = Snapshot()
+    snapshot.prepare(state)
+    assert snapshot.nbytes == (8 + 2) * 4  # the tied tensor is prepared once
+    buffers = dict(snapshot._buffers)
+    copy = snapshot.take(state)
+    assert copy["model"]["a"] is buffers[("model", "a")] and torch.equal(copy["model"]["a"], weight)
