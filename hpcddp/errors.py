@@ -34,3 +34,7 @@ class DistributedError(HpcddpError):
 
 class PeerLostError(DistributedError):
     """This rank failed only because another rank died first; that rank's error is the cause."""
+
+
+class NonFiniteError(HpcddpError):
+    """Training produced a NaN/inf loss or gradient, and train.nonfinite says stop."""

@@ -1,4 +1,5 @@
-"""A quickstart model that fails on purpose, for the failure tests: raise, or hang, on one rank."""
+"""A quickstart model that fails on purpose, for the failure tests: raise, hang, or produce NaN
+on one rank."""
 
 import os
 import time
@@ -22,6 +23,8 @@ class Faulty(nn.Module):
         if self.calls == self.at_call and int(os.environ.get("RANK", "-1")) == self.rank:
             if self.mode == "raise":
                 raise RuntimeError(f"injected failure on rank {self.rank}")
+            if self.mode == "nan":
+                return self.inner(inputs) * float("nan")
             time.sleep(3600)  # "hang": stuck in user code, never reaching the collective
         return self.inner(inputs)
 

@@ -12,6 +12,7 @@ from hpcddp.config.sections import (
     OptimConfig,
     RunConfig,
     SlurmConfig,
+    TaskConfig,
     TrackingConfig,
     TrainConfig,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "OptimConfig",
     "RunConfig",
     "SlurmConfig",
+    "TaskConfig",
     "TrackingConfig",
     "TrainConfig",
     "apply_overrides",

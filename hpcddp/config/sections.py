@@ -139,6 +139,9 @@ class OptimConfig:
     schedule: str = setting("cosine", "cosine decay after warmup, or constant")
     min_lr_ratio: float = setting(0.1, "floor of the cosine, as a fraction of lr")
     grad_clip_norm: float = setting(0.0, "clip the global gradient norm to this; 0: no clipping")
+    fused: bool = setting(
+        True, "the fused optimizer kernel where torch has one: one pass over the weights per step"
+    )
 
     def __post_init__(self) -> None:
         _one_of("optim", "name", self.name, ("adamw", "sgd"))
@@ -171,6 +174,18 @@ class TrainConfig:
     stop_before_end_s: float = setting(
         120.0, "checkpoint and requeue this many seconds before the job's time limit"
     )
+    nonfinite: str = setting(
+        "stop", "a NaN/inf loss: stop (every rank, no checkpoint of it), skip the step, or off"
+    )
+    nonfinite_max_skips: int = setting(
+        10, "with nonfinite=skip: stop once more than this many steps were skipped"
+    )
+    nonfinite_grad_norm: bool = setting(
+        False, "also treat a NaN/inf gradient norm as non-finite (one pass over the gradients)"
+    )
+    checkpoint_async: bool = setting(
+        True, "write checkpoints in the background; training waits only for a copy to memory"
+    )
 
     def __post_init__(self) -> None:
         _positive(
@@ -188,7 +203,9 @@ class TrainConfig:
             checkpoint_every_steps=self.checkpoint_every_steps,
             stop_after_steps=self.stop_after_steps,
             stop_before_end_s=self.stop_before_end_s,
+            nonfinite_max_skips=self.nonfinite_max_skips,
         )
+        _one_of("train", "nonfinite", self.nonfinite, ("stop", "skip", "off"))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -211,6 +228,47 @@ class DistConfig:
 
 
 LAUNCHERS = ("srun", "torchrun")
+TASK_KINDS = ("classification", "regression", "language_modeling")
+LOSSES = ("cross_entropy", "mse", "l1")
+
+
+@dataclasses.dataclass(kw_only=True)
+class TaskConfig:
+    """What is learned: the loss, the evaluation metrics, and your own step hooks."""
+
+    kind: str = setting(
+        "classification",
+        "classification (loss, accuracy), regression (loss, MSE, MAE) or language_modeling "
+        "(loss, perplexity): the default loss and the eval metrics",
+    )
+    loss: str = setting(
+        "",
+        "cross_entropy, mse, l1 or package.module:function(outputs, targets); empty: from "
+        "task.kind (used only when the model's output has no loss)",
+    )
+    training_step: str = setting(
+        "", "package.module:function(model, batch) -> loss; overrides the model's own hook"
+    )
+    eval_step: str = setting(
+        "",
+        "package.module:function(model, batch) -> {name: (sum, count)}; replaces the built-in "
+        "metrics",
+    )
+
+    def __post_init__(self) -> None:
+        _one_of("task", "kind", self.kind, TASK_KINDS)
+        if self.loss and self.loss not in LOSSES and ":" not in self.loss:
+            raise ConfigError(
+                f"task.loss={self.loss!r} is neither one of {list(LOSSES)} nor "
+                "'package.module:function'. HINT: e.g. task.loss=mse"
+            )
+        for name in ("training_step", "eval_step"):
+            value = getattr(self, name)
+            if value and ":" not in value:
+                raise ConfigError(
+                    f"task.{name}={value!r} must look like 'package.module:function'. "
+                    f"HINT: e.g. task.{name}=mypkg.steps:{name}"
+                )
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -278,6 +336,7 @@ class Config:
     train: TrainConfig = setting_from(TrainConfig, "the training loop")
     dist: DistConfig = setting_from(DistConfig, "process group and DDP knobs")
     slurm: SlurmConfig = setting_from(SlurmConfig, "what hpcddp asks Slurm for")
+    task: TaskConfig = setting_from(TaskConfig, "the loss, the eval metrics and step hooks")
     tracking: TrackingConfig = setting_from(TrackingConfig, "TensorBoard, W&B and MLflow")
 
     def to_dict(self) -> dict[str, Any]:

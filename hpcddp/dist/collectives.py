@@ -20,12 +20,12 @@ def _active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
+def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
     """Every rank gets ``src``'s object (identity without a process group)."""
     if not _active():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
 
 
@@ -47,11 +47,12 @@ def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     return out
 
 
-def on_rank_zero(fn: Callable[[], T], rank: int, what: str) -> T:
+def on_rank_zero(fn: Callable[[], T], rank: int, what: str, group: Any = None) -> T:
     """Run ``fn`` on rank 0 only; every rank gets its result, or raises the same error at once.
 
     An hpcddp error (a refusal, say) is raised as the very same error on every rank, so the job
     ends with one message and one exit status; anything else names rank 0 and what it did.
+    The others wait on ``group`` (default: the default group and its timeout).
     """
     result, failure = None, None
     if rank == 0:
@@ -60,7 +61,7 @@ def on_rank_zero(fn: Callable[[], T], rank: int, what: str) -> T:
         except Exception as err:  # reported to every rank below, then re-raised here
             failure = err
     told = None if failure is None else (type(failure).__name__, str(failure))
-    result, told = broadcast_object((result, told))
+    result, told = broadcast_object((result, told), group=group)
     if failure is not None:
         raise failure
     if told is not None:

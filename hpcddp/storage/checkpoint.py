@@ -1,7 +1,9 @@
 """Rank-0 checkpoint storage that never loses work and never hands resume a broken file.
 
 Layout: ``<run_dir>/checkpoints/step-00000123.pt`` plus a sidecar ``step-00000123.pt.sha256``
-(``sha256sum`` format) holding the digest of the payload bytes.
+(``sha256sum``'s layout) holding the digest of the payload bytes: a sha256 of the sha256s of its
+16 MiB chunks, hashed on two threads (`hpcddp.storage.digest`, which says how to check it by
+hand with coreutils).
 
 Why it is crash-safe: the payload goes to a dot-prefixed temp file, the sidecar to another;
 both are fsynced, the sidecar is renamed into place, then the payload, then the directory is
@@ -11,19 +13,24 @@ resume ignores (temp files, a sidecar without its ``.pt``, a ``.pt`` without a s
 next save removes. When a step is saved again, the sidecar lists the old and the new digest
 until the rename is done, so the old payload stays verifiable throughout.
 
-Why ``torch.save`` writes into ``atomic.HashingSink`` rather than a path: the sink hashes the
-bytes while they stream to disk (no second copy of the model in memory) and keeps the real
-``OSError(ENOSPC)``; torch itself reports a full disk only as ``RuntimeError: [enforce fail at
+Why ``torch.save`` writes into a hashing sink (`digest.ChunkHashingSink`, an
+``atomic.HashingSink``) rather than a path: the sink hashes the bytes while they stream to disk
+(no second copy of the model in memory, no second pass) and keeps the real ``OSError(ENOSPC)``;
+torch itself reports a full disk only as ``RuntimeError: [enforce fail at
 inline_container.cc:672] . unexpected pos N vs M``, with no errno. The generic durable-write
 machinery (temp files, fsyncs, renames) lives in ``hpcddp.atomic``; this module decides names,
 sidecars, ordering, pruning and what resume may load.
+
+Loading verifies the digest in one streaming read (a fixed buffer, never the whole file in
+memory), which also leaves the file in the page cache, then maps it
+(`hpcddp.storage.mapped`): tensors view the cached pages instead of a copy. `verify` and
+`load_verified` are separate so that one process per node can verify for its neighbours.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import logging
 import os
 import pathlib
@@ -36,12 +43,13 @@ from typing import IO, cast
 import torch
 
 from hpcddp.errors import CheckpointError
-from hpcddp.storage import atomic
+from hpcddp.storage import atomic, digest, mapped
 
 log = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(r"^step-(\d{8,})\.pt$")  # Temp files start with a dot: never a match.
 _SIDECAR_SUFFIX = ".sha256"
+_READ_CHUNK_BYTES = 8 << 20  # one buffer, refilled: verification holds no copy of the file
 _DISK_FULL_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}
 
 
@@ -141,10 +149,10 @@ class CheckpointStore:
         filesystems persist in order. Returns the payload size in bytes.
         """
         sidecar = _sidecar(path)
-        tmp, digest, nbytes = atomic.stream_to_temp(path, lambda f: _torch_save(step, state, f))
+        tmp, new, nbytes = digest.stream_to_temp(path, lambda f: _torch_save(step, state, f))
         temps = [tmp]
         try:
-            digests = list(dict.fromkeys([*_old_digests(path), digest]))
+            digests = list(dict.fromkeys([*_old_digests(path), new]))
             temps.append(atomic.write_temp(sidecar, _sidecar_text(path, digests), fsync=False))
             for temp in temps:
                 atomic.fsync_file(temp)
@@ -159,7 +167,7 @@ class CheckpointStore:
                 atomic.unlink_quietly(sidecar)
             raise
         if len(digests) > 1:  # Old payload is gone; keep only the digest that matches now.
-            atomic.atomic_write_bytes(sidecar, _sidecar_text(path, [digest]))
+            atomic.atomic_write_bytes(sidecar, _sidecar_text(path, [new]))
         return nbytes
 
     def _write_error(self, step: int, exc: OSError, tensor_bytes: int) -> CheckpointError:
@@ -222,11 +230,22 @@ class CheckpointStore:
         return None
 
     def load(self, path: str | os.PathLike, map_location="cpu") -> dict:
-        """Verify ``path`` against its sidecar and load it with ``weights_only=True``."""
+        """Verify ``path`` against its sidecar and load it (mapped, ``weights_only=True``)."""
+        self.verify(path)
+        state = self.load_verified(path)
+        if map_location != "cpu":
+            state = _to(state, map_location)
+        return state
+
+    def verify(self, path: str | os.PathLike) -> None:
+        """Raise ``CheckpointError`` unless the bytes of ``path`` match its sidecar."""
+        _verify(pathlib.Path(path))
+
+    def load_verified(self, path: str | os.PathLike) -> dict:
+        """Load ``path``, already verified, with tensors mapped from the file."""
         path = pathlib.Path(path)
-        data = _read_verified(path)
         try:
-            state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+            state = mapped.load(path)
         except Exception as exc:  # Unpickling errors come in many types; all mean "unusable".
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CheckpointError(
@@ -260,7 +279,8 @@ def _sidecar(path: pathlib.Path) -> pathlib.Path:
 
 
 def _sidecar_text(path: pathlib.Path, digests: list[str]) -> bytes:
-    """``sha256sum`` format, so ``sha256sum -c step-00000123.pt.sha256`` checks it by hand."""
+    """``sha256sum``'s layout; the digest is `hpcddp.storage.digest`'s (how to check it by hand
+    is in its docstring); a bare hex digest, as older versions wrote, is a whole-file sha256."""
     return "".join(f"{d}  {path.name}\n" for d in digests).encode("ascii")
 
 
@@ -305,8 +325,8 @@ def _read_digests(sidecar: pathlib.Path) -> list[str]:
     """Hex digests listed in a ``sha256sum``-format sidecar (one per line)."""
     digests = []
     for line in sidecar.read_text(encoding="ascii").splitlines():
-        token = line.split(" ", 1)[0].strip().lower()
-        if not re.fullmatch(r"[0-9a-f]{64}", token):
+        token = line.split(" ", 1)[0].strip()
+        if not re.fullmatch(rf"({re.escape(digest.SCHEME)}:)?[0-9a-f]{{64}}", token):
             raise ValueError(f"malformed line {line[:80]!r}")
         digests.append(token)
     if not digests:
@@ -324,8 +344,8 @@ def _old_digests(path: pathlib.Path) -> list[str]:
         return []  # The old payload was unverifiable anyway; nothing to preserve.
 
 
-def _read_verified(path: pathlib.Path) -> bytes:
-    """Bytes of ``path`` if their sha256 is listed in its sidecar; CheckpointError otherwise."""
+def _verify(path: pathlib.Path) -> None:
+    """CheckpointError unless the digest of ``path`` is listed in its sidecar (one read)."""
     sidecar = _sidecar(path)
     try:
         digests = _read_digests(sidecar)
@@ -336,19 +356,45 @@ def _read_verified(path: pathlib.Path) -> bytes:
             "without it; resume falls back to an older checkpoint."
         ) from exc
     try:
-        data = path.read_bytes()
+        chunked = any(d.startswith(f"{digest.SCHEME}:") for d in digests)
+        actual, size = digest.of_file(path) if chunked else _sha256_of(path)
     except OSError as exc:
         raise CheckpointError(
             f"checkpoint {path} cannot be read: {exc}. HINT: check the filesystem and permissions."
         ) from exc
-    actual = hashlib.sha256(data).hexdigest()
     if actual not in digests:
         raise CheckpointError(
-            f"checkpoint {path} is corrupt: sha256 {actual[:16]}... of its {len(data)} bytes does "
-            f"not match {sidecar.name}; expected {digests[-1][:16]}... HINT: it was truncated or "
+            f"checkpoint {path} is corrupt: digest {_short(actual)} of its {size} bytes does "
+            f"not match {sidecar.name}; expected {_short(digests[-1])} HINT: it was truncated or "
             "altered after saving; resume falls back to an older checkpoint."
         )
-    return data
+
+
+def _short(token: str) -> str:
+    return token.rsplit(":", 1)[-1][:16] + "..."
+
+
+def _sha256_of(path: pathlib.Path) -> tuple[str, int]:
+    """(hex digest, size) of a file, read through one reused buffer."""
+    hasher, size = hashlib.sha256(), 0
+    buffer = bytearray(_READ_CHUNK_BYTES)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while n := handle.readinto(buffer):
+            hasher.update(view[:n])
+            size += n
+    return hasher.hexdigest(), size
+
+
+def _to(obj, device):
+    """Tensors of a nested state moved to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
 
 
 def _is_debris(path: pathlib.Path) -> bool:

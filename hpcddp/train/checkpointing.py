@@ -1,21 +1,35 @@
 """Every rank's side of saving and resuming the whole training state.
 
-Each rank contributes its RNG states, rank 0 writes one file (`hpcddp.storage.checkpoint`),
-and every rank learns at once if the write failed. On resume every rank loads the same
-checkpoint and checks that it fits this run, so a resumed run continues bit for bit.
+Saving: each rank contributes its RNG states; rank 0 copies the state to host memory
+(`hpcddp.storage.snapshot`, the only part the loop waits for) and writes it in a background
+thread (`hpcddp.storage.checkpoint`: temp file, hash while writing, fsync, rename). The next
+save, a stop and the end of training first wait for that write; its failure reaches every rank
+then, as the same error. The ranks that wait for rank 0 wait on a group whose timeout fits the
+checkpoint's size (`hpcddp.dist.waiting`), never tripping ``dist.timeout_s``.
+
+Resuming: local rank 0 of each node verifies the newest checkpoint's sha256 (one read of the
+file per node, through that node's page cache) while every rank maps the file and copies each
+tensor where it belongs, letting go of the mapped pages as it goes (`hpcddp.storage.mapped`),
+so a rank holds its training state plus one chunk. Only when every node's check passed is the
+rest (optimizer, scheduler, RNG, progress) restored; otherwise the next older one is tried.
 """
 
+import concurrent.futures
 import dataclasses
 import logging
 import pathlib
+import time
 from typing import Any
 
 import torch
 
-from hpcddp.dist import collectives
-from hpcddp.errors import ConfigError, DistributedError
+from hpcddp.config import TrainConfig
+from hpcddp.dist import collectives, waiting
+from hpcddp.errors import CheckpointError, ConfigError, DistributedError
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.storage import mapped
 from hpcddp.storage.checkpoint import CheckpointStore
+from hpcddp.storage.snapshot import Snapshot
 from hpcddp.train import rng
 from hpcddp.train.state import Progress
 
@@ -31,22 +45,85 @@ class Trained:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: "torch.amp.GradScaler | None"
 
+    def state_bytes(self) -> int:
+        """A bound on the checkpoint's size: weights, buffers and up to two optimizer moments."""
+        weights = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        return 3 * weights
+
 
 class Checkpointer:
     """Saves and resumes `Trained` state in a run directory's `CheckpointStore`."""
 
-    def __init__(self, run_dir: pathlib.Path, keep_last: int, env: DistEnv, trained: Trained):
-        self.store = CheckpointStore(run_dir, keep_last=keep_last)
+    def __init__(
+        self,
+        run_dir: pathlib.Path,
+        cfg: TrainConfig,
+        timeout_s: float,
+        env: DistEnv,
+        trained: Trained,
+    ) -> None:
+        self.store = CheckpointStore(run_dir, keep_last=cfg.keep_checkpoints)
         self.run_dir, self.env, self.trained = run_dir, env, trained
+        self.in_background = cfg.checkpoint_async
+        self.snapshot = Snapshot()
+        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._writing: tuple[int, concurrent.futures.Future] | None = None
+        # a collective: every rank builds its Checkpointer at the same point
+        self.group = waiting.patient_group(
+            waiting.write_timeout_s(timeout_s, trained.state_bytes())
+        )
 
     def save(self, progress: Progress, epoch_done: bool) -> None:
         """Every rank contributes its RNG state; rank 0 writes; every rank learns if it failed."""
         rng_states = collectives.gather_object(rng.capture())  # on rank 0 only
         collectives.on_rank_zero(
-            lambda: self.store.save(progress.step, self._state(progress, rng_states, epoch_done)),
+            lambda: self._write(progress.step, self._state(progress, rng_states, epoch_done)),
             self.env.rank,
             "save a checkpoint",
+            group=self.group,
         )
+
+    def prepare(self) -> None:
+        """Rank 0, once the optimizer has its state (after the first step): allocate the host
+        buffers of the first background save on the writer thread, while training goes on."""
+        if not (self.env.rank == 0 and self.in_background and self._writer is None):
+            return
+        t = self.trained
+        shapes = {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict()}
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, "hpcddp-checkpoint")
+        self._writing = (0, self._writer.submit(self.snapshot.prepare, shapes))
+
+    def wait(self) -> None:
+        """Until rank 0's background write is done; its failure is raised on every rank."""
+        collectives.on_rank_zero(
+            self._finish_writing, self.env.rank, "write a checkpoint", group=self.group
+        )
+
+    def _write(self, step: int, state: dict[str, Any]) -> None:
+        """Rank 0: wait for the previous write, then write this one (in the background)."""
+        self._finish_writing()
+        if not self.in_background:
+            self.store.save(step, state)
+            return
+        started = time.perf_counter()
+        copy = self.snapshot.take(state)
+        log.info(
+            "checkpoint step %d: %.1f MB copied to host memory in %.3f s, written in background",
+            step, self.snapshot.nbytes / 1e6, time.perf_counter() - started,
+        )  # fmt: skip
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(1, "hpcddp-checkpoint")
+        self._writing = (step, self._writer.submit(self.store.save, step, copy))
+
+    def _finish_writing(self) -> None:
+        """Rank 0: wait for the write in flight, if any; raise what it raised."""
+        if self._writing is None:
+            return
+        step, future = self._writing
+        self._writing = None
+        if not future.done() and step:
+            log.info("waiting for the checkpoint of step %d to be written", step)
+        future.result()
 
     def _state(
         self, progress: Progress, rng_states: list[Any] | None, epoch_done: bool
@@ -66,18 +143,67 @@ class Checkpointer:
             "world_size": self.env.world_size,
         }
 
+    # -- resume ---------------------------------------------------------------------------
+
     def resume(self) -> Progress | None:
-        """Load the latest complete checkpoint, if any, exactly as it was saved."""
-        found = self.store.load_latest(map_location="cpu")
-        steps = collectives.all_gather_object(found[0] if found else None)
+        """Load the newest checkpoint every node verifies, exactly as it was saved."""
+        complete = self.store.list_complete()
+        steps = collectives.all_gather_object(complete[-1][0] if complete else None)
         if len(set(steps)) > 1:
             raise DistributedError(
                 f"ranks see different latest checkpoints {steps}. HINT: "
                 "run.dir must be on a file system every node shares."
             )
-        if not found:
+        for step, path in reversed(complete):
+            progress = self._try(step, path)
+            if progress is not None:
+                return progress
+        if complete:
+            raise CheckpointError(
+                f"none of the {len(complete)} checkpoints in {self.store.directory} is usable "
+                "(see warnings above); expected at least one that verifies. HINT: restore one "
+                "from backup, or move the directory away to deliberately start from scratch."
+            )
+        return None
+
+    def _try(self, step: int, path: pathlib.Path) -> Progress | None:
+        """Resume from ``path`` if every node's check of it passes; None to try an older one.
+
+        Local rank 0 of each node hashes the file on a helper thread while every rank maps it
+        and copies the weights into the model, so the read for the check and the copy overlap
+        (both come through the node's page cache). Nothing else is restored before the verdict,
+        and a rejected file's weights are overwritten by the next candidate's.
+        """
+        with concurrent.futures.ThreadPoolExecutor(1, "hpcddp-verify") as pool:
+            check = pool.submit(self.store.verify, path) if self.env.local_rank == 0 else None
+            state = self._loadable(path)
+            if state is not None:
+                self._check_world_size(step, state)
+                if not mapped.copy_into(self.trained.model.state_dict(), state["model"]):
+                    self.trained.model.load_state_dict(state["model"])  # says what misfits
+            problem = None if state is not None else "it does not load safely"
+            try:
+                if check is not None:
+                    check.result()
+            except CheckpointError as err:
+                problem = str(err)
+        problems = [p for p in collectives.all_gather_object(problem) if p]
+        if problems:
+            log.warning("skipping checkpoint %s: %s", path, problems[0])
             return None
-        step, state = found
+        assert state is not None  # every rank loaded it, or some rank had a problem
+        return self._load_rest(step, state)
+
+    def _loadable(self, path: pathlib.Path) -> dict[str, Any] | None:
+        """The file, mapped; None if it will not unpickle safely (the same bytes, so the same
+        verdict, on every rank)."""
+        try:
+            return self.store.load_verified(path)
+        except CheckpointError as err:
+            log.warning("cannot load checkpoint %s: %s", path, err)
+            return None
+
+    def _check_world_size(self, step: int, state: dict[str, Any]) -> None:
         if state["world_size"] != self.env.world_size:
             raise ConfigError(
                 f"the checkpoint at step {step} in {self.run_dir} was written by "
@@ -85,13 +211,15 @@ class Checkpointer:
                 "needs the same world size. HINT: relaunch with the original number of tasks, "
                 "or choose a new run.dir."
             )
+
+    def _load_rest(self, step: int, state: dict[str, Any]) -> Progress:
+        """Everything but the weights (already copied), from a verified checkpoint."""
         t = self.trained
-        t.model.load_state_dict(state["model"])
-        t.optimizer.load_state_dict(state["optimizer"])
+        t.optimizer.load_state_dict(mapped.materialize(state["optimizer"]))
         t.scheduler.load_state_dict(state["scheduler"])
         if t.scaler and state["scaler"]:
             t.scaler.load_state_dict(state["scaler"])
-        rng.restore(state["rng"][self.env.rank])
+        rng.restore(mapped.materialize(state["rng"][self.env.rank]))
         progress = Progress(**state["progress"])
         log.info("resumed from step %d (epoch %d, batch %d)", step, progress.epoch, progress.batch)
         return progress

@@ -14,8 +14,30 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from hpcddp.config import DataConfig
+from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.resolve import cpus_for_this_rank
+
+
+def split_datasets(made: Any) -> tuple[Any, Any]:
+    """A dataset factory returns ``train`` or ``(train, eval)`` or ``{"train":..., "eval":...}``."""
+    if isinstance(made, dict):
+        train, evaluation = made["train"], made.get("eval")
+    elif isinstance(made, (tuple, list)):
+        train, evaluation = made[0], made[1] if len(made) > 1 else None
+    else:
+        train, evaluation = made, None
+    refuse_empty_eval(evaluation)
+    return train, evaluation
+
+
+def refuse_empty_eval(eval_set: Any) -> None:
+    """An empty eval set would report 0.0 metrics as if measured: refuse it at start-up."""
+    if eval_set is not None and hasattr(eval_set, "__len__") and len(eval_set) == 0:
+        raise ConfigError(
+            "the eval set returned by data.factory is empty, so no metric could be measured. "
+            "HINT: give it samples, or return only the training set to train without eval."
+        )
 
 
 class ResumableSampler(Sampler[int]):

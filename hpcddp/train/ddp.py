@@ -6,20 +6,16 @@ tested without a GPU.
 """
 
 import contextlib
+from typing import Any
 
 import torch
-import torch.nn.functional as F
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpcddp.config import Config
+from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
-
-
-def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross entropy over the last dimension; sequence outputs (B, T, V) are flattened."""
-    if outputs.dim() > 2:
-        outputs, targets = outputs.reshape(-1, outputs.size(-1)), targets.reshape(-1)
-    return F.cross_entropy(outputs, targets)
+from hpcddp.train import batches
 
 
 def wrap(
@@ -27,6 +23,12 @@ def wrap(
 ) -> tuple[torch.nn.Module, DDP]:
     """(the module to optimize and save, its DDP wrapper); SyncBatchNorm only across ranks."""
     if cfg.train.sync_batchnorm and env.distributed:
+        if device.type != "cuda":
+            raise ConfigError(
+                f"train.sync_batchnorm=true needs CUDA: DDP refuses SyncBatchNorm on {device} "
+                "modules. HINT: set train.sync_batchnorm=false on CPU (each rank then keeps "
+                "its own batch statistics)."
+            )
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if cfg.train.compile:
         # in place, inside DDP: dynamo will not trace through DDP's own forward, and
@@ -57,9 +59,23 @@ def make_scaler(precision: str) -> "torch.amp.GradScaler | None":
     return torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
 
-def settle_buckets(
-    ddp: DDP, model: torch.nn.Module, dataset, batch_size: int, device: torch.device, precision: str
-) -> None:
+def sync_buffers(model: torch.nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm running statistics) on every rank, as DDP's next forward
+    would make them: before evaluation and the final weights check, where no forward comes."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+
+
+def first_batch(dataset: Any, batch_size: int) -> Any:
+    """The first ``batch_size`` samples collated as the loader would (no sampler, no RNG)."""
+    return torch.utils.data.default_collate(
+        [dataset[i] for i in range(min(batch_size, len(dataset)))]
+    )
+
+
+def settle_buckets(ddp: DDP, model: torch.nn.Module, batch: Any, precision: str, task) -> None:
     """One synchronized backward of a zero loss before training, changing nothing.
 
     DDP lays out its gradient buckets once, then rebuilds them in the order gradients became
@@ -67,15 +83,27 @@ def settle_buckets(
     in an order that depends on that layout, so a resumed run (whose first step would use the
     initial layout) drifted from an uninterrupted one in the last bits. Settling the layout here
     makes every step of every run use the rebuilt one. Eval mode: no dropout draw, no batch-norm
-    statistics update; the zero gradients are dropped.
+    statistics update; the zero gradients are dropped. ``batch`` is already on the device; the
+    zero loss is the step's own loss when a training_step hook makes it, else every floating
+    tensor of the output (a tuple, dict or ModelOutput), so every used parameter takes part.
     """
-    batch = torch.utils.data.default_collate(
-        [dataset[i] for i in range(min(batch_size, len(dataset)))]
-    )
     model.eval()
-    with autocast(precision, device):
-        outputs = ddp(batch[0].to(device))
-    (outputs.float().sum() * 0).backward()
+    with autocast(precision, _device_of(model)):
+        if task.training_step is not None:
+            zero = task.training_step(ddp, batch) * 0
+        else:
+            fed = batches.feed(batch, model)
+            floating = [
+                t.float().sum()
+                for t in batches.tensors_in(ddp(*fed.args, **fed.kwargs))
+                if t.is_floating_point() and t.requires_grad
+            ]
+            zero = torch.stack(floating).sum() * 0
+    zero.backward()
     for param in model.parameters():
         param.grad = None
     model.train()
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device

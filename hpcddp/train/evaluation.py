@@ -1,29 +1,55 @@
-"""Evaluation over ranks: each sample seen once, loss and accuracy summed across the job."""
+"""Evaluation over ranks: each sample seen once, metrics summed across the job, then divided.
+
+The unwrapped module runs the forward (no DDP hooks, no collectives inside it); every rank
+scores its own shard (`hpcddp.train.data.EvalShard`: no padding, so no sample counts twice,
+and a rank may have fewer or none), and one gather adds up the (sum, count) pairs.
+"""
+
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from hpcddp.dist import collectives
+from hpcddp.errors import ConfigError
+from hpcddp.train import batches, metrics
 from hpcddp.train.ddp import autocast
+from hpcddp.train.task import Task
 
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, loader, loss_fn, device: torch.device, precision: str, distributed: bool
-) -> dict:
-    """Loss and accuracy of ``model`` (the unwrapped module: no DDP hooks, no collectives in
-    forward) over ``loader``'s shard on this rank, all-reduced into the job's figures."""
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for inputs, targets in loader:
-        inputs, targets = inputs.to(device), targets.to(device)
-        with autocast(precision, device):
-            outputs = model(inputs)
-        count = targets.numel()
-        sums[0] += loss_fn(outputs.float(), targets).double() * count
-        sums[1] += (outputs.argmax(-1) == targets).sum()
-        sums[2] += count
-    model.train()
-    if distributed:
-        dist.all_reduce(sums)
-    loss, correct, count = sums.tolist()
-    return {"eval_loss": loss / max(count, 1), "eval_accuracy": correct / max(count, 1)}
+    module: torch.nn.Module, loader, task: Task, device: torch.device, precision: str
+) -> dict[str, float]:
+    """The job's ``eval_*`` figures for ``module`` over ``loader`` (this rank's shard)."""
+    module.eval()
+    totals: dict[str, list[Any]] = {}
+    try:
+        for batch in loader:
+            batch = batches.to_device(batch, device)
+            with autocast(precision, device):
+                metrics.add(totals, _scores(module, task, batch))
+    finally:
+        module.train()
+    merged = metrics.merge(collectives.all_gather_object(metrics.as_floats(totals)))
+    return metrics.finish(merged, task.kind)
+
+
+def _scores(module: torch.nn.Module, task: Task, batch: Any) -> dict:
+    if task.eval_step is not None:
+        scores = task.eval_step(module, batch)
+        if not isinstance(scores, dict) or not all(
+            isinstance(v, (tuple, list)) and len(v) == 2 for v in scores.values()
+        ):
+            raise ConfigError(
+                f"eval_step returned {type(scores).__name__}; expected {{name: (sum, count)}}. "
+                "HINT: e.g. return {'accuracy': (correct.sum(), labels.numel())}."
+            )
+        return scores
+    try:
+        fed = batches.feed(batch, module)
+    except ConfigError as err:
+        raise ConfigError(
+            f"{err} For evaluation, define eval_step(model, batch) -> {{name: (sum, count)}} "
+            "too (or set task.eval_step)."
+        ) from None
+    return metrics.score(task, module(*fed.args, **fed.kwargs), batch, fed.targets)

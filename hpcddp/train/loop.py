@@ -7,7 +7,6 @@ on. Rank discipline is visible where it happens: files and prints under ``is_mai
 reaches every collective.
 """
 
-import contextlib
 import faulthandler
 import json
 import logging
@@ -15,7 +14,7 @@ import math
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,26 +22,19 @@ import torch.distributed as dist
 
 from hpcddp.config import Config
 from hpcddp.dist import collectives, failures
-from hpcddp.errors import ConfigError, DistributedError
+from hpcddp.errors import ConfigError, DistributedError, NonFiniteError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.progress import ProgressBar, bar
 from hpcddp.storage.atomic import atomic_write_text
 from hpcddp.storage.metrics import MetricsLog
-from hpcddp.train import data, ddp, evaluation, preemption, rng
+from hpcddp.train import batches, data, ddp, evaluation, guard, preemption, rng
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.optim import make_optimizer, make_scheduler
 from hpcddp.train.state import Progress, weights_sha256
+from hpcddp.train.stepping import Stepper
+from hpcddp.train.task import Task
 
 log = logging.getLogger(__name__)
-
-
-def split_datasets(made: Any) -> tuple[Any, Any]:
-    """A dataset factory returns ``train`` or ``(train, eval)`` or ``{"train":..., "eval":...}``."""
-    if isinstance(made, dict):
-        return made["train"], made.get("eval")
-    if isinstance(made, (tuple, list)):
-        return made[0], made[1] if len(made) > 1 else None
-    return made, None
 
 
 class Throughput:
@@ -83,7 +75,7 @@ class TrainingRun:
         self.stop_flag = stop_flag
         rng.seed_everything(cfg.run.seed)  # identical initial weights on every rank
         model = model_fn(**cfg.model.kwargs).to(device)
-        train_set, eval_set = split_datasets(dataset_fn(**cfg.data.kwargs))
+        train_set, eval_set = data.split_datasets(dataset_fn(**cfg.data.kwargs))
         self.train_loader = data.make_train_loader(train_set, cfg.data, env, cfg.run.seed)
         self.eval_loader = (
             None if eval_set is None else data.make_eval_loader(eval_set, cfg.data, env)
@@ -98,19 +90,27 @@ class TrainingRun:
             )
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.model, self.ddp = ddp.wrap(model, cfg, env, device)
-        self.loss_fn = getattr(self.model, "compute_loss", ddp.default_loss)
+        self.task = Task.resolve(cfg.task, self.model)
         self.optimizer = make_optimizer(self.model.parameters(), cfg.optim)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.scaler = ddp.make_scaler(cfg.train.precision)
+        self.guard = guard.Guard(cfg.train, device, scaled=self.scaler is not None)
+        self.stepper = Stepper(
+            cfg, device, self.ddp, self.model, self.optimizer, self.scheduler, self.scaler,
+            self.task, self.guard,
+        )  # fmt: skip
         self.checkpoints = Checkpointer(
             run_dir,
-            cfg.train.keep_checkpoints,
+            cfg.train,
+            cfg.dist.timeout_s,
             env,
             Trained(self.model, self.optimizer, self.scheduler, self.scaler),
         )
         # creating its side group is a collective: every rank makes it here, in the same order
         self.vote = preemption.StopVote(env.backend, env.distributed)
         self.progress = Progress()
+        self.nonfinite_local = False  # whether this rank's own loss was the non-finite one
+        self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
         self.deadline: float | None = None  # when to stop ahead of the job's time limit
         self.metrics: MetricsLog | None = None  # rank 0's metrics.jsonl, once resumed
         self.last_eval: dict[str, float] | None = None
@@ -125,19 +125,23 @@ class TrainingRun:
         """Resume, train to the end (or a clean stop), then summarize."""
         try:
             # before resume: its forward may read the dataset, which may draw random numbers
-            ddp.settle_buckets(
-                self.ddp,
-                self.model,
-                self.train_loader.dataset,
-                self.cfg.data.batch_size,
-                self.device,
-                self.cfg.train.precision,
-            )
+            first = ddp.first_batch(self.train_loader.dataset, self.cfg.data.batch_size)
+            with self.guard.find_probe(self.model):
+                ddp.settle_buckets(
+                    self.ddp,
+                    self.model,
+                    batches.to_device(first, self.device),
+                    self.cfg.train.precision,
+                    self.task,
+                )
             self._resume()
             collectives.on_rank_zero(self._open_metrics, self.env.rank, "open metrics.jsonl")
             self.deadline = self._deadline()
             reason = self._train()
             self.vote.result()  # drain the last vote so no collective is left in flight
+            self.checkpoints.wait()  # a write still in the background is part of the run
+            if reason == preemption.STOP_NONFINITE:
+                self._refuse_nonfinite()
             return self._stopped(reason) if reason else self._finish()
         except Exception as err:
             with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
@@ -199,14 +203,19 @@ class TrainingRun:
                 self.cfg.run.seed,
                 skip_batches=self.progress.batch,
             )
-            batches, left = iter(self.train_loader), len(self.train_loader)
+            loader, left = iter(self.train_loader), len(self.train_loader)
             self.throughput.restart(self.progress.step)
             while left > 0 and self.progress.step < self.total_steps:
                 window = min(t.grad_accum_steps, left)
-                loss = self._step(batches, window)
+                loss, nonfinite = self.stepper.step(loader, window)
                 left -= window
                 self.progress.batch += window
                 self.progress.step += 1
+                if self._stop_for_nonfinite(nonfinite, loss):
+                    return preemption.STOP_NONFINITE
+                if not self.buffers_ready:  # the optimizer has its state now
+                    self.checkpoints.prepare()  # host buffers for the first background save
+                    self.buffers_ready = True
                 reason = self._after_step(loss, epoch_done=left == 0)
                 if reason:
                     return reason
@@ -226,40 +235,45 @@ class TrainingRun:
             f"loss {'-' if math.isnan(loss) else f'{loss:.4f}'}"
         )
 
-    def _step(self, batches: Iterator[Any], window: int) -> torch.Tensor:
-        """One optimizer step over ``window`` micro-batches; gradients sync on the last only."""
-        total = torch.zeros((), device=self.device)
-        for i in range(window):
-            inputs, targets = (x.to(self.device, non_blocking=True) for x in next(batches))
-            sync = contextlib.nullcontext() if i == window - 1 else self.ddp.no_sync()
-            with sync:
-                with ddp.autocast(self.cfg.train.precision, self.device):
-                    loss = self.loss_fn(self.ddp(inputs), targets) / window
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total += loss.detach()
-        self._optimizer_step()
-        return total
+    def _stop_for_nonfinite(self, nonfinite: bool, loss: torch.Tensor) -> bool:
+        """Count a non-finite step; True when the policy says the run ends here.
 
-    def _optimizer_step(self) -> None:
-        clip = self.cfg.optim.grad_clip_norm
-        if self.scaler:
-            if clip:
-                self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            if clip:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        Every rank reaches the same answer at the same step (see `hpcddp.train.guard`); the
+        first rank whose own loss was not finite is named once the run has stopped.
+        """
+        if not nonfinite:
+            return False
+        self.progress.skipped_steps += 1
+        self.nonfinite_local = not bool(torch.isfinite(loss))
+        policy, skipped = self.cfg.train.nonfinite, self.progress.skipped_steps
+        if policy == "skip" and skipped <= self.cfg.train.nonfinite_max_skips:
+            log.warning("step %d: non-finite loss or gradients, step skipped (%d so far)",
+                        self.progress.step, skipped)  # fmt: skip
+            return False
+        return True
+
+    def _refuse_nonfinite(self) -> None:
+        """After a non-finite stop: summary.json says why (rank 0), then every rank raises."""
+        seen = collectives.all_gather_object(self.nonfinite_local)
+        ranks = [r for r, bad in enumerate(seen) if bad]
+        latest = self.checkpoints.store.latest_step()
+        text = guard.message(
+            self.progress.step, ranks, self.progress.skipped_steps, latest,
+            self.cfg.train.nonfinite,
+        )  # fmt: skip
+        if self.env.is_main:
+            record = {"stopped": True, "status": "failed", "reason": "nonfinite",
+                      "step": self.progress.step, "first_rank": ranks[0] if ranks else None,
+                      "skipped_steps": self.progress.skipped_steps, "latest_checkpoint": latest,
+                      "world_size": self.env.world_size, "message": text}  # fmt: skip
+            atomic_write_text(self.run_dir / "summary.json", json.dumps(record, indent=2) + "\n")
+        raise NonFiniteError(text)
 
     def _after_step(self, loss: torch.Tensor, epoch_done: bool) -> int:
         """Log, evaluate and checkpoint on schedule; a stop reason when the run must stop now."""
         t, step = self.cfg.train, self.progress.step
         last = step == self.total_steps
-        reason = self._stop_reason(last)
+        reason = self._stop_reason(step, last)
         if step % t.log_every_steps == 0 or epoch_done or last or reason:
             self._log_step(loss)
         if (
@@ -268,6 +282,7 @@ class TrainingRun:
             or last
         ):
             self.evaluate()
+            self.vote.restart(step)
         if (
             (t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0)
             or (not t.checkpoint_every_steps and epoch_done)
@@ -275,19 +290,25 @@ class TrainingRun:
             or reason
         ):
             self.bar.clear()
+            if self.guard.settle():  # CUDA reads the guard a step late: never save a bad step
+                self.progress.skipped_steps += 1
+                self.nonfinite_local = False
+                return preemption.STOP_NONFINITE
             self.checkpoints.save(self.progress, epoch_done)
+            self.vote.restart(step)
         return reason
 
-    def _stop_reason(self, last: bool) -> int:
-        """Read the vote cast after the previous step, then cast this step's (no waiting)."""
+    def _stop_reason(self, step: int, last: bool) -> int:
+        """Read the vote cast after the previous step, then cast one if due (no waiting)."""
         agreed = self.vote.result()
         if agreed or last:
             return preemption.CARRY_ON if last else agreed
         t = self.cfg.train
-        if t.stop_after_steps and self.progress.step >= t.stop_after_steps:
-            log.info("stopping after step %d as asked (train.stop_after_steps)", self.progress.step)
+        if t.stop_after_steps and step >= t.stop_after_steps:
+            log.info("stopping after step %d as asked (train.stop_after_steps)", step)
             return preemption.STOP_REQUESTED  # every rank knows this without a vote
-        self.vote.cast(preemption.reason_of(self.stop_flag, self.deadline))
+        if self.vote.due(step):
+            self.vote.cast(preemption.reason_of(self.stop_flag, self.deadline), step)
         return preemption.CARRY_ON
 
     def _log_step(self, loss: torch.Tensor) -> None:
@@ -320,27 +341,19 @@ class TrainingRun:
     # -- evaluation ------------------------------------------------------------------------
 
     def evaluate(self, record: bool = True) -> dict[str, float] | None:
-        """Loss and accuracy over the eval set (every rank its shard), logged on rank 0."""
+        """The task's metrics over the eval set (every rank its shard), logged on rank 0."""
         if self.eval_loader is None:
             return None
+        ddp.sync_buffers(self.model)
         result = evaluation.evaluate(
-            self.model,
-            self.eval_loader,
-            self.loss_fn,
-            self.device,
-            self.cfg.train.precision,
-            self.env.distributed,
+            self.model, self.eval_loader, self.task, self.device, self.cfg.train.precision
         )
         self.last_eval = result
         if self.metrics and record:
             self.bar.clear()
             self.metrics.write(step=self.progress.step, epoch=self.progress.epoch, **result)
-            log.info(
-                "eval at step %d: loss %.4f accuracy %.4f",
-                self.progress.step,
-                result["eval_loss"],
-                result["eval_accuracy"],
-            )
+            figures = " ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in result.items())
+            log.info("eval at step %d: %s", self.progress.step, figures)
         return result
 
     # -- the end ---------------------------------------------------------------------------
@@ -349,6 +362,7 @@ class TrainingRun:
         """Check every rank holds the same weights, then write summary.json (rank 0)."""
         if self.last_eval is None and self.eval_loader is not None:
             self.evaluate(record=False)  # re-run of a finished run: same weights, same metrics
+        ddp.sync_buffers(self.model)
         digest = weights_sha256(self.model)
         gathered = collectives.all_gather_object((digest, self.env.hostname))
         digests, hosts = [d for d, _ in gathered], [h for _, h in gathered]
@@ -365,6 +379,7 @@ class TrainingRun:
             "epochs": self.progress.epoch + (self.progress.batch > 0),
             "final_loss": self.progress.last_loss,
             "weights_sha256": digest,
+            "skipped_steps": self.progress.skipped_steps,
             "launcher": self.env.launcher,
             "job_id": self.env.job_id,
             **(self.last_eval or {}),

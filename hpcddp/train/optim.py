@@ -1,4 +1,11 @@
-"""Optimizer and learning-rate schedule from the config."""
+"""Optimizer and learning-rate schedule from the config.
+
+The fused kernels (``fused=True``, CPU and CUDA since torch 2.4) update every weight in one
+pass; PyTorch's default on CPU is a loop of a dozen element-wise operations per parameter,
+each a pass over memory. On a 9.5M-parameter model on one CPU core AdamW took 44 ms a step
+that way and 5 ms fused. The result differs from the loop's in the last bits (another order of
+operations), and is as deterministic.
+"""
 
 import math
 
@@ -8,12 +15,21 @@ from hpcddp.config import OptimConfig
 
 
 def make_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW or SGD with the configured learning rate and weight decay."""
+    """AdamW or SGD with the configured learning rate and weight decay, fused when asked and
+    every parameter is a dense floating-point tensor on a device torch has the kernel for."""
+    params = list(params)
+    fused = True if cfg.fused and all(_fusable(p) for p in params) else None
     if cfg.name == "sgd":
         return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused
         )
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
+
+
+def _fusable(param: torch.Tensor) -> bool:
+    return (
+        param.device.type in ("cpu", "cuda") and param.is_floating_point() and not param.is_sparse
+    )
 
 
 def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:

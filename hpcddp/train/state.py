@@ -18,6 +18,7 @@ class Progress:
     epoch: int = 0
     batch: int = 0  # micro-batches of this epoch already consumed
     last_loss: float = float("nan")
+    skipped_steps: int = 0  # non-finite steps skipped (train.nonfinite=skip)
 
 
 def weights_sha256(module: torch.nn.Module) -> str:
@@ -27,5 +28,5 @@ def weights_sha256(module: torch.nn.Module) -> str:
         tensor = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
         # reshape first: a 0-d tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))  # no copy
     return digest.hexdigest()

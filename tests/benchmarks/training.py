@@ -10,8 +10,11 @@ Training: every run starts 2 fresh local gloo processes on the CPU (``OMP_NUM_TH
 2 in both arms) that train one model for a fixed number of steps, either with `Trainer` or with
 `hand_written_ddp`, the PyTorch tutorial loop written in the trainer's exact operation order (same
 DDP options, sampler, generator seeding, loss scaling, ``optimizer.step``, ``scheduler.step``,
-``zero_grad(set_to_none=True)``). tests/local/test_parity.py checks that both end in bitwise equal
-weights, so the two arms do the same arithmetic and differ only in the trainer's bookkeeping. The
+``zero_grad(set_to_none=True)``) with the tutorial's optimizer, ``AdamW(params, lr=...)``. The
+trainer's only arithmetic difference is its fused AdamW (``optim.fused``, one pass over the
+weights instead of a dozen); tests/local/test_parity.py checks that the same loop given that
+optimizer ends in bitwise equal weights, and that with ``optim.fused=false`` the trainer equals
+the tutorial loop itself, so the arms differ only in the optimizer kernel and the bookkeeping. The
 arms alternate (hand, trainer, hand, ...) so drift in machine load hits both alike. Models: *small*
 (273k parameters, the quickstart MLP with 512 hidden units: per-step overhead dominates) and
 *medium* (9.5M parameters: compute and the 38 MB gradient all-reduce dominate).
@@ -31,13 +34,14 @@ every-10th-step loss all-reduce for logging, so "difference" is the steady-state
 machine: the per-run medians printed under the table show the spread, and on a busy machine they
 vary far more than the few percent being measured.
 
-Checkpoints: `CheckpointStore.save` of the medium model's training state (weights plus AdamW
-moments, about 114 MB, as the trainer saves it) against ``dd if=/dev/zero bs=4M conv=fsync``
-writing as many bytes to the same directory (``--dir``: point it at the file system you
-checkpoint to); alternated, medians, MB = 10^6 bytes. Both are
-durable at the end (fsync). Old files are deleted between repetitions, outside the timing.
+The stop vote, on the small model: the trainer as it is (a vote about every 0.5 s), with the
+vote switched off ("no vote") and with a vote after every step ("vote every step", what the
+trainer did before), alternated with the others; the difference with and without is its cost.
 
-Targets: small model trainer <= hand-written + 0.5 ms/step; medium within 3%; save >= 0.8x dd.
+Checkpoints have their own benchmark: ``python -m tests.benchmarks.checkpoints``.
+
+Targets: the small model (the quickstart's size) <= 0.97x the hand-written loop, the medium
+<= 0.85x; the stop vote <= 0.05 ms a step.
 """
 
 import argparse
@@ -146,11 +150,16 @@ def hand_written_ddp(
     config: Config,
     rank: int,
     world_size: int,
+    fused: bool = False,
 ) -> tuple[nn.Module, int]:
     """The tutorial DDP loop in the trainer's operation order; returns (model, steps taken).
 
     Mirrors what the benchmark and tests/local/test_parity.py configure (fp32, AdamW, no gradient
     clipping, no compile); expects MASTER_ADDR and MASTER_PORT in the environment (``env://``).
+    ``fused=False`` is the tutorial's ``AdamW(params, lr=...)``, PyTorch's default (a loop of
+    element-wise operations on CPU): the baseline the benchmark times. ``fused=True`` is the
+    same loop with the optimizer the trainer uses by default (``optim.fused``): op for op the
+    trainer's arithmetic, which the parity test compares bit for bit.
     """
     seed, data, train = config.run.seed, config.data, config.train
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size)
@@ -172,7 +181,10 @@ def hand_written_ddp(
     accum = train.grad_accum_steps
     total_steps = train.max_steps or train.epochs * math.ceil(len(loader) / accum)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay
+        model.parameters(),
+        lr=config.optim.lr,
+        weight_decay=config.optim.weight_decay,
+        fused=True if fused else None,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.optim, total_steps)
@@ -237,23 +249,64 @@ def worker(arm: str, config_path: str, result_path: str) -> int:
     factory = import_factory(config.model.factory, "model")
     dataset_fn = import_factory(config.data.factory, "data")
     model_fn = lambda **kwargs: clock.attach(factory(**kwargs))  # noqa: E731
-    if arm == "trainer":
+    if arm.startswith("trainer"):
+        _set_vote(arm)
         summary = Trainer(model_fn, dataset_fn, config).fit(env)
         digest, steps = summary["weights_sha256"], summary["steps"]
     else:
-        model, steps = hand_written_ddp(model_fn, dataset_fn, config, env.rank, env.world_size)
+        fused = arm == "identical" and config.optim.fused
+        model, steps = hand_written_ddp(
+            model_fn, dataset_fn, config, env.rank, env.world_size, fused=fused
+        )
         digest = weights_sha256(model)
     if env.is_main:
         pathlib.Path(result_path).write_text(
             json.dumps(
-                {"arm": arm, "weights_sha256": digest, "steps": steps, "step_ms": clock.gaps_ms()}
+                {
+                    "arm": arm,
+                    "weights_sha256": digest,
+                    "steps": steps,
+                    "step_ms": clock.gaps_ms(),
+                    **({"vote": VOTE_TIME} if arm.startswith("trainer") else {}),
+                }
             )
         )
     return 0
 
 
+VOTE_ARMS = {"trainer-no-vote": False, "trainer-vote-every-step": True}
+
+
+VOTE_TIME = {"votes": 0, "ms": 0.0}  # time the main thread spent casting and reading votes
+
+
+def _set_vote(arm: str) -> None:
+    """The vote as configured ("trainer"), never, or after every step (as it used to be);
+    the time spent in ``cast`` and ``result`` is added up in `VOTE_TIME`."""
+    from hpcddp.train.preemption import StopVote
+
+    if arm in VOTE_ARMS:
+        every_step = VOTE_ARMS[arm]
+        StopVote.due = lambda self, step: every_step and not self.pending  # type: ignore
+    for name in ("cast", "result"):
+        setattr(StopVote, name, _timed(getattr(StopVote, name), name == "cast"))
+
+
+def _timed(method, counts: bool):
+    def timed(self, *args):
+        started = time.perf_counter()
+        try:
+            return method(self, *args)
+        finally:
+            VOTE_TIME["ms"] += (time.perf_counter() - started) * 1e3
+            VOTE_TIME["votes"] += counts
+
+    return timed
+
+
 def run_pair(arm: str, config: Config, work_dir: pathlib.Path) -> dict:
-    """Train with ``arm`` ("trainer" or "hand") in NPROC local gloo processes; rank 0's result."""
+    """Train with ``arm`` in NPROC local gloo processes; rank 0's result. Arms: "trainer",
+    "hand" (the tutorial loop) and "identical" (the tutorial loop with the trainer's optimizer)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     config = dataclasses.replace(
         config, run=dataclasses.replace(config.run, dir=str(work_dir / "run"))
@@ -318,79 +371,34 @@ def run_median_ms(result: dict) -> float:
     return statistics.median(gaps[min(WARMUP_STEPS, len(gaps) // 2) :])
 
 
-def time_training(model: str, steps: int, runs: int, work_dir: pathlib.Path) -> dict:
-    """Alternate hand-written and trainer runs; median over runs of per-run medians (ms/step)."""
+def time_training(
+    model: str, steps: int, runs: int, work_dir: pathlib.Path, arms: tuple[str, ...]
+) -> dict:
+    """Alternate the arms' runs; median over runs of per-run medians (ms/step)."""
     config = bench_config(MODELS[model], steps)
-    medians: dict[str, list[float]] = {"hand": [], "trainer": []}
+    medians: dict[str, list[float]] = {arm: [] for arm in arms}
+    votes: list[tuple[int, float, int]] = []
     for run in range(runs):
         for arm in medians:
             result = run_pair(arm, config, work_dir / f"{model}-{arm}-{run}")
             medians[arm].append(run_median_ms(result))
+            if arm == "trainer":
+                votes.append((result["vote"]["votes"], result["vote"]["ms"], result["steps"]))
             shutil.rmtree(work_dir / f"{model}-{arm}-{run}", ignore_errors=True)
     params = sum(p.numel() for p in mlp(**MODELS[model]).parameters())
     return {
         "model": model,
         "params": params,
         "runs": medians,
+        "votes": votes,
         **{arm: statistics.median(m) for arm, m in medians.items()},
     }
-
-
-def training_state(model_kwargs: dict) -> dict:
-    """A checkpoint-shaped state: weights, AdamW moments (after one step), scheduler, progress."""
-    model = mlp(**model_kwargs)
-    optimizer = torch.optim.AdamW(model.parameters())
-    F.cross_entropy(
-        model(torch.randn(8, model_kwargs["in_features"])), torch.zeros(8, dtype=torch.long)
-    ).backward()
-    optimizer.step()
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": {"last_epoch": 1},
-        "progress": {"step": 1},
-        "world_size": NPROC,
-    }
-
-
-def time_checkpoint(runs: int, work_dir: pathlib.Path) -> dict:
-    """`CheckpointStore.save` against ``dd ... conv=fsync`` of as many bytes; medians in MB/s."""
-    from hpcddp.storage.checkpoint import CheckpointStore
-
-    store = CheckpointStore(work_dir / "ckpt", keep_last=runs + 1)
-    state, save_s, dd_s, size = training_state(MODELS["medium"]), [], [], 0
-    for run in range(runs):
-        started = time.perf_counter()
-        path = store.save(run, state)
-        save_s.append(time.perf_counter() - started)
-        size = path.stat().st_size
-        for written in list(store.directory.iterdir()):  # deleting is not part of writing
-            written.unlink()
-        dd_s.append(_dd_seconds(store.directory / "dd.bin", size))
-    blocks_bytes = math.ceil(size / (4 << 20)) * (4 << 20)
-    save_mb_s = size / 1e6 / statistics.median(save_s)
-    dd_mb_s = blocks_bytes / 1e6 / statistics.median(dd_s)
-    return {"size_mb": size / 1e6, "save_mb_s": save_mb_s, "dd_mb_s": dd_mb_s}
-
-
-def _dd_seconds(path: pathlib.Path, nbytes: int) -> float:
-    """Wall time of a sequential, fsynced write of ``nbytes`` (rounded up to 4 MiB blocks)."""
-    count = math.ceil(nbytes / (4 << 20))
-    started = time.perf_counter()
-    subprocess.run(
-        ["dd", "if=/dev/zero", f"of={path}", "bs=4M", f"count={count}", "conv=fsync"],
-        check=True,
-        capture_output=True,
-    )
-    elapsed = time.perf_counter() - started
-    path.unlink()
-    return elapsed
 
 
 # -- report -------------------------------------------------------------------------------------
 
 
-def format_report(rows: list[dict], ckpt: dict) -> str:
+def format_report(rows: list[dict]) -> str:
     """The results as a plain-text table."""
     lines = [
         f"{'model':<8}{'params':>12}{'hand-written ms/step':>22}{'trainer ms/step':>17}"
@@ -401,18 +409,27 @@ def format_report(rows: list[dict], ckpt: dict) -> str:
             f"{r['model']:<8}{r['params']:>12,}{r['hand']:>22.3f}{r['trainer']:>17.3f}"
             f"{r['trainer'] - r['hand']:>+15.3f}{r['trainer'] / r['hand']:>8.3f}"
         )
-    lines += ["", "per-run medians, ms/step (the spread shows how noisy this machine is):"]
-    lines += [
-        f"  {r['model']:<7} {arm:<8} {' '.join(f'{v:.3f}' for v in r['runs'][arm])}"
-        for r in rows
-        for arm in ("hand", "trainer")
-    ]
+    vote = rows[0]
+    held = sum(v[0] for v in vote["votes"])
+    spent_ms, steps = sum(v[1] for v in vote["votes"]), sum(v[2] for v in vote["votes"])
     lines += [
         "",
-        f"checkpoint save of {ckpt['size_mb']:.1f} MB (medium model + AdamW state):",
-        f"  dd conv=fsync {ckpt['dd_mb_s']:8.1f} MB/s",
-        f"  CheckpointStore.save {ckpt['save_mb_s']:8.1f} MB/s",
-        f"  ratio {ckpt['save_mb_s'] / ckpt['dd_mb_s']:.2f}x",
+        f"stop vote ({vote['model']} model): {held} votes in {steps} steps (one every "
+        f"{steps / max(held, 1):.0f}), {spent_ms / max(held, 1):.3f} ms each in cast + result: "
+        f"{spent_ms / max(steps, 1):.4f} ms/step",
+    ]
+    if all(arm in vote for arm in VOTE_ARMS):
+        lines += [
+            f"step medians, ms/step: vote every ~0.5 s {vote['trainer']:.3f}, "
+            f"none {vote['trainer-no-vote']:.3f}, every step {vote['trainer-vote-every-step']:.3f}",
+            f"  cost of the vote: {vote['trainer'] - vote['trainer-no-vote']:+.3f} ms/step "
+            f"(every step: {vote['trainer-vote-every-step'] - vote['trainer-no-vote']:+.3f})",
+        ]
+    lines += ["", "per-run medians, ms/step (the spread shows how noisy this machine is):"]
+    lines += [
+        f"  {r['model']:<7} {arm:<24} {' '.join(f'{v:.3f}' for v in r['runs'][arm])}"
+        for r in rows
+        for arm in r["runs"]
     ]
     return "\n".join(lines)
 
@@ -453,11 +470,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hpcddp-bench-", dir=args.dir) as tmp:
         work_dir = pathlib.Path(tmp)
         rows = [
-            time_training(m, args.steps or (12 if args.quick else DEFAULT_STEPS[m]), runs, work_dir)
+            time_training(
+                m,
+                args.steps or (12 if args.quick else DEFAULT_STEPS[m]),
+                runs,
+                work_dir,
+                ("hand", "trainer", *(VOTE_ARMS if m == "small" else ())),
+            )
             for m in MODELS
         ]
-        ckpt = time_checkpoint(runs, work_dir)
-    print(format_report(rows, ckpt), flush=True)
+    print(format_report(rows), flush=True)
     return 0
 
 

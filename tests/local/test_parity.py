@@ -1,9 +1,12 @@
 """The trainer computes exactly what a hand-written DDP loop computes: bitwise equal weights.
 
-Both run as 2 gloo processes on 127.0.0.1 through `hpcddp.benchmark.run_pair`. The hand-written
-loop is `hpcddp.benchmark.hand_written_ddp` (the PyTorch tutorial loop in the trainer's operation
-order), the very loop the benchmark times, so passing here also means the benchmark compares the
-trainer with a baseline that does the same arithmetic.
+Both run as 2 gloo processes on 127.0.0.1 through `tests.benchmarks.training.run_pair`. The
+hand-written loop is `hand_written_ddp` (the PyTorch tutorial loop in the trainer's operation
+order), the loop the benchmark times. The trainer uses the fused AdamW kernel by default
+(``optim.fused``), whose last bits differ from the tutorial's default AdamW, so the bitwise
+comparison is with the "identical" arm: the same hand-written loop given the fused optimizer.
+The benchmark times the tutorial's own optimizer, as a user would have written it; with
+``optim.fused=false`` the trainer matches that loop bit for bit too.
 """
 
 import re
@@ -63,11 +66,19 @@ def initial_sha256(config: Config) -> str:
 )
 def test_trainer_weights_equal_hand_written_ddp(tmp_path, train, steps):
     config = parity_config(**train)
-    hand = benchmark.run_pair("hand", config, tmp_path / "hand")
+    hand = benchmark.run_pair("identical", config, tmp_path / "hand")
     trainer = benchmark.run_pair("trainer", config, tmp_path / "trainer")
     assert hand["steps"] == trainer["steps"] == steps
     assert hand["weights_sha256"] != initial_sha256(config)
     assert trainer["weights_sha256"] == hand["weights_sha256"]
+
+
+def test_unfused_trainer_equals_the_tutorial_loop(tmp_path):
+    config = parity_config(max_steps=20)
+    config.optim.fused = False
+    hand = benchmark.run_pair("hand", config, tmp_path / "hand")
+    trainer = benchmark.run_pair("trainer", config, tmp_path / "trainer")
+    assert hand["weights_sha256"] == trainer["weights_sha256"] != initial_sha256(config)
 
 
 @pytest.mark.slow
@@ -83,6 +94,5 @@ def test_benchmark_quick_prints_the_table(tmp_path):
     assert re.search(header, result.stdout, re.M), result.stdout
     for model in benchmark.MODELS:
         assert re.search(rf"^{model}\s+[\d,]+(\s+[-+]?\d+\.\d+){{4}}$", result.stdout, re.M)
-    assert re.search(r"CheckpointStore\.save\s+\d+\.\d MB/s", result.stdout)
-    assert re.search(r"dd conv=fsync\s+\d+\.\d MB/s", result.stdout)
+    assert re.search(r"cost of the vote: [-+]\d+\.\d+ ms/step", result.stdout)
     assert list(tmp_path.iterdir()) == []  # the benchmark cleans up after itself

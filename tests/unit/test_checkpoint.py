@@ -101,16 +101,30 @@ def test_many_small_tensors_round_trip_and_torch_settings_are_restored(tmp_path)
     )  # Still a plain torch.save file.
 
 
-def test_sidecar_works_with_sha256sum(tmp_path):
+@pytest.mark.parametrize("megabytes", [0, 40])  # one short chunk; 2 full chunks and a short one
+def test_the_sidecar_digest_is_checked_by_hand_with_coreutils(tmp_path, megabytes):
     store = CheckpointStore(tmp_path)
-    store.save(7, _state())
-    done = subprocess.run(
-        ["sha256sum", "-c", "step-00000007.pt.sha256"],
+    store.save(7, {"w": torch.ones(megabytes * 250_000 + 3)})
+    by_hand = subprocess.run(
+        "split -b 16M --filter='sha256sum | cut -c1-64' step-00000007.pt | sha256sum",
+        shell=True,
         cwd=store.directory,
         capture_output=True,
         text=True,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+        check=True,
+    ).stdout.split()[0]
+    sidecar = (store.directory / "step-00000007.pt.sha256").read_text()
+    assert sidecar == f"sha256-16MiB-chunks:{by_hand}  step-00000007.pt\n"
+
+
+def test_a_whole_file_sha256_sidecar_of_older_versions_still_verifies(tmp_path):
+    store = CheckpointStore(tmp_path)
+    path = store.save(3, _state(1.0))
+    _write_sidecar(path)  # the old format: sha256sum of the whole file
+    assert store.load_latest()[0] == 3
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        store.load(path)
 
 
 def test_empty_store_has_no_checkpoint_and_creates_nothing(tmp_path):

@@ -112,3 +112,45 @@ def test_loaders_pin_memory_on_cuda_only():
     cpu = dataclasses.replace(gpu_rank(), device="cpu")
     assert not data.make_train_loader(dataset, cfg, cpu, seed=0).pin_memory
     assert data.make_eval_loader(dataset, cfg, gpu_rank()).pin_memory
+
+
+def test_the_guard_reads_late_on_cuda_only_when_stopping():
+    from hpcddp.config import TrainConfig
+    from hpcddp.train.guard import Guard
+
+    assert Guard(TrainConfig(), torch.device("cuda:0"), scaled=False).lagged
+    assert not Guard(TrainConfig(nonfinite="skip"), torch.device("cuda:0"), scaled=False).lagged
+    assert not Guard(TrainConfig(), torch.device("cpu"), scaled=False).lagged
+
+
+def test_snapshot_buffers_are_pinned_for_device_tensors(monkeypatch):
+    from hpcddp.storage import snapshot
+
+    asked, synced = [], []
+    real_empty = torch.empty
+
+    def empty(*args, pin_memory=False, **kwargs):
+        asked.append(pin_memory)
+        return real_empty(*args, **kwargs)
+
+    class Stream:
+        def synchronize(self):
+            synced.append(True)
+
+    monkeypatch.setattr(snapshot.torch, "empty", empty)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: t.dim() == 2))
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    snapshot.Snapshot().take({"on_gpu": torch.ones(2, 2), "on_cpu": torch.ones(3)})
+    assert asked == [True, False] and synced == [True]
+
+
+def test_the_optimizer_is_fused_where_torch_has_the_kernel():
+    from hpcddp.config import OptimConfig
+    from hpcddp.train.optim import make_optimizer
+
+    params = list(torch.nn.Linear(2, 2).parameters())
+    assert make_optimizer(params, OptimConfig()).defaults["fused"] is True
+    assert make_optimizer(params, OptimConfig(name="sgd")).defaults["fused"] is True
+    assert make_optimizer(params, OptimConfig(fused=False)).defaults["fused"] is None
+    ints = [torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)]
+    assert make_optimizer(ints, OptimConfig()).defaults["fused"] is None

@@ -1,0 +1,1 @@
+"""A GPT-2-style causal language model from HF transformers (random init) on synthetic tokens."""

@@ -1,0 +1,1 @@
+"""An image classifier from HF transformers (ResNet, random init) on synthetic images."""

@@ -1,0 +1,328 @@
+"""Checkpoints at real size: training stall, write and load throughput, memory on resume.
+
+Usage::
+
+    python -m tests.benchmarks.checkpoints               # a 1.1 GB model: a few minutes
+    python -m tests.benchmarks.checkpoints --quick       # smoke test: 64 MB, figures mean nothing
+    python -m tests.benchmarks.checkpoints --dir /scratch/$USER/bench
+
+What is measured, side by side in one run, with MB = 10^6 bytes:
+
+- **Stall per save**: the trainer in 2 local gloo processes trains a model whose state is
+  ``--size-mb`` (a frozen 1.1 GB backbone, so the checkpoint is real-sized, and a trainable
+  head, so steps are real steps), saving every ``SAVE_EVERY`` steps (a few seconds, more than
+  a background write takes, as saves are in real runs), once with
+  ``train.checkpoint_async=true`` and once false. A forward pre-hook timestamps every training
+  step on rank 0 (`training.StepClock`); the stall of a save is the gap of the step it follows
+  minus the median gap. Reported: the mean stall of every save but the first, async over sync;
+  the first save is shown apart (the async one allocates its host buffers there, once a run).
+- **Write throughput**: `CheckpointStore.save` of the state against a raw ``os.write`` of the
+  same tensor bytes + ``fsync`` into the same directory, alternated, medians; and again while
+  the trainer trains in 2 other processes (its background writes, from rank 0's log, against
+  raw writes made meanwhile by this process).
+- **Load**: a resume as the trainer does it (verify the sha256 in one read, map, copy into the
+  model) against a raw read of the file, both with the file evicted from the page cache first
+  (``posix_fadvise(DONTNEED)`` on that file only); medians.
+- **Peak RSS on resume**, in a fresh process: (peak RSS after the resume - RSS before the model
+  was built) / the state's bytes; beside it the same for ``torch.load(BytesIO(read_bytes()))``,
+  what the store did before.
+
+Targets (issue 10): stall <= 0.3x the synchronous save; write >= 0.9x raw (also while
+training); load <= 1.2x raw read; peak RSS <= 1.1x the state.
+"""
+
+import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import pathlib
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+from torch import nn
+
+from hpcddp.config import (
+    Config,
+    DataConfig,
+    DistConfig,
+    FactoryConfig,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+)
+from hpcddp.storage import atomic, mapped
+from hpcddp.storage.checkpoint import CheckpointStore
+from tests.benchmarks import training
+
+SAVE_EVERY = 600  # steps between saves (about 3 s here): longer than a background write
+SAVES = 3
+BATCH_SIZE = 32
+
+
+class FrozenBackbone(nn.Module):
+    """A frozen ``size_mb`` parameter (saved, never all-reduced) and a trainable MLP head."""
+
+    def __init__(self, size_mb: float = 1100.0, hidden: int = 512, layers: int = 2) -> None:
+        super().__init__()
+        self.backbone = nn.Parameter(torch.full((int(size_mb * 1e6 / 4),), 0.5), False)
+        self.head = training.mlp(in_features=16, hidden=hidden, layers=layers, classes=4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x + self.backbone[:16])
+
+
+def backbone_config(
+    size_mb: float, run_dir: pathlib.Path, in_background: bool, every: int = SAVE_EVERY
+) -> Config:
+    steps = every * SAVES + 1
+    return Config(
+        run=RunConfig(seed=0, resume=False, dir=str(run_dir)),
+        model=FactoryConfig(
+            factory="tests.benchmarks.checkpoints:FrozenBackbone", kwargs={"size_mb": size_mb}
+        ),
+        data=DataConfig(
+            factory="tests.benchmarks.training:synthetic_data",
+            batch_size=BATCH_SIZE,
+            num_workers=0,
+            kwargs={"size": steps * BATCH_SIZE * training.NPROC},
+        ),
+        optim=OptimConfig(name="sgd", momentum=0.0, lr=1e-3),
+        train=TrainConfig(
+            max_steps=steps,
+            checkpoint_every_steps=every,
+            checkpoint_async=in_background,
+            keep_checkpoints=1,
+            log_every_steps=1000,
+        ),
+        dist=DistConfig(backend="gloo", timeout_s=600),
+    )
+
+
+# -- stall ----------------------------------------------------------------------------------------
+
+
+def stalls_ms(result: dict, every: int) -> list[float]:
+    """Extra time of each step a save followed, over the median step."""
+    gaps = result["step_ms"]
+    after_save = [gaps[k - 1] for k in range(every, len(gaps) + 1, every)]
+    others = [g for i, g in enumerate(gaps[5:], 5) if (i + 1) % every]
+    return [g - statistics.median(others) for g in after_save]
+
+
+def background_mb_s(run_dir: pathlib.Path) -> list[float]:
+    """Write rates the store logged on rank 0 (its background writes)."""
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    return [float(m) for m in re.findall(r"saved checkpoint .* MB/s\)", log) for m in
+            re.findall(r"(\d+) MB/s", m)]  # fmt: skip
+
+
+# -- raw I/O --------------------------------------------------------------------------------------
+
+
+def raw_write_s(state: dict, path: pathlib.Path) -> float:
+    """Seconds to write every tensor's bytes with os.write and fsync them."""
+    started = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for tensor in _tensors(state):
+            atomic.write_all(fd, memoryview(tensor.numpy()).cast("B"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    elapsed = time.perf_counter() - started
+    path.unlink()
+    return elapsed
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj.detach().contiguous()
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors(value)
+
+
+def evict(path: pathlib.Path) -> None:
+    """Drop this one file from the page cache (nobody else's)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def raw_read_s(path: pathlib.Path) -> float:
+    evict(path)
+    buffer = bytearray(8 << 20)
+    started = time.perf_counter()
+    with open(path, "rb", buffering=0) as handle:
+        while handle.readinto(buffer):
+            pass
+    return time.perf_counter() - started
+
+
+def resume_s(store: CheckpointStore, path: pathlib.Path, model: nn.Module) -> float:
+    """A resume as `Checkpointer._try` does it: hash on a helper thread, map and copy here."""
+    evict(path)
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        check = pool.submit(store.verify, path)
+        state = store.load_verified(path)
+        if not mapped.copy_into(model.state_dict(), state["model"]):
+            raise RuntimeError("the checkpoint does not fit the model")
+        check.result()
+    return time.perf_counter() - started
+
+
+def peak_rss_child(path: str, size_mb: float, how: str) -> float:
+    """In this fresh process: (peak RSS - RSS before the model) / the state's bytes."""
+    before = _rss_bytes()
+    model = FrozenBackbone(size_mb)
+    state_bytes = sum(t.nbytes for t in model.state_dict().values())
+    store = CheckpointStore(pathlib.Path(path).parents[1])
+    if how == "mapped":
+        resume_s(store, pathlib.Path(path), model)
+    else:
+        data = pathlib.Path(path).read_bytes()
+        model.load_state_dict(torch.load(io.BytesIO(data), weights_only=True)["model"])
+        del data
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return (peak - before) / state_bytes
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss(path: pathlib.Path, size_mb: float, how: str) -> float:
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.checkpoints", "--rss", str(path), str(size_mb),
+         how],
+        capture_output=True, text=True, check=True, cwd=training.REPO,
+    ).stdout  # fmt: skip
+    return float(out.split()[-1])
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Figures:
+    size_mb: float
+    stall_ms: dict[str, list[float]]
+    save_s: list[float]
+    raw_write_s: list[float]
+    busy_store_mb_s: list[float]
+    busy_raw_mb_s: list[float]
+    resume_s: list[float]
+    raw_read_s: list[float]
+    rss: dict[str, float]
+
+
+def measure(size_mb: float, runs: int, work: pathlib.Path, every: int) -> Figures:
+    stalls = {}
+    for arm, in_background in (("async", True), ("sync", False)):
+        config = backbone_config(size_mb, work / arm / "run", in_background, every)
+        stalls[arm] = stalls_ms(training.run_pair("trainer", config, work / arm), every)
+    store = CheckpointStore(work / "store", keep_last=1)
+    model = FrozenBackbone(size_mb)
+    state = {"model": model.state_dict(), "progress": {"step": 1}}
+    save_s, raw_s = [], []
+    for run in range(runs):
+        started = time.perf_counter()
+        path = store.save(run, state)
+        save_s.append(time.perf_counter() - started)
+        raw_s.append(raw_write_s(state, work / "raw.bin"))
+    busy_store, busy_raw = _while_training(size_mb, state, work, every)
+    resumes, reads = [], []
+    for _ in range(runs):
+        resumes.append(resume_s(store, path, model))
+        reads.append(raw_read_s(path))
+    rss = {how: peak_rss(path, size_mb, how) for how in ("mapped", "bytes")}
+    return Figures(size_mb, stalls, save_s, raw_s, busy_store, busy_raw, resumes, reads, rss)
+
+
+def _while_training(size_mb: float, state: dict, work: pathlib.Path, every: int):
+    """The trainer's background write rates, and raw writes made here meanwhile (MB/s)."""
+    config = backbone_config(size_mb, work / "busy" / "run", True, every)
+    done, raw = threading.Event(), []
+    nbytes = sum(t.nbytes for t in _tensors(state))
+
+    def write_meanwhile():
+        time.sleep(5)  # past start-up: the ranks are training
+        while not done.is_set() and len(raw) < SAVES:
+            raw.append(nbytes / 1e6 / raw_write_s(state, work / "busy-raw.bin"))
+            time.sleep(1)
+
+    writer = threading.Thread(target=write_meanwhile)
+    writer.start()
+    try:
+        training.run_pair("trainer", config, work / "busy")
+    finally:
+        done.set()
+        writer.join()
+    return background_mb_s(work / "busy" / "run"), raw
+
+
+def report(f: Figures) -> str:
+    mb = f.size_mb
+    save, raw = statistics.median(f.save_s), statistics.median(f.raw_write_s)
+    busy_store = statistics.median(f.busy_store_mb_s) if f.busy_store_mb_s else float("nan")
+    busy_raw = statistics.median(f.busy_raw_mb_s) if f.busy_raw_mb_s else float("nan")
+    resume, read = statistics.median(f.resume_s), statistics.median(f.raw_read_s)
+    stall = {arm: statistics.mean(s[1:] or s) for arm, s in f.stall_ms.items()}
+    first = {arm: s[0] for arm, s in f.stall_ms.items()}
+    rows = [
+        f"checkpoints of a {mb:.0f} MB state (2 ranks, gloo, CPU); MB = 10^6 bytes",
+        f"{'measure':<42}{'hpcddp':>12}{'baseline':>12}{'ratio':>8}  target",
+        f"{'stall per save, ms (async vs sync save)':<42}{stall['async']:>12.0f}"
+        f"{stall['sync']:>12.0f}{stall['async'] / stall['sync']:>8.2f}  <= 0.30",
+        f"{'  first save of a run (buffers allocated)':<42}{first['async']:>12.0f}"
+        f"{first['sync']:>12.0f}{first['async'] / first['sync']:>8.2f}",
+        f"{'write MB/s (store vs raw write+fsync)':<42}{mb / save:>12.0f}{mb / raw:>12.0f}"
+        f"{raw / save:>8.2f}  >= 0.90",
+        f"{'write MB/s while training (bg vs raw)':<42}{busy_store:>12.0f}{busy_raw:>12.0f}"
+        f"{busy_store / busy_raw:>8.2f}  >= 0.90",
+        f"{'load s (verify+map+copy vs raw read)':<42}{resume:>12.2f}{read:>12.2f}"
+        f"{resume / read:>8.2f}  <= 1.20",
+        f"{'peak RSS on resume / state (vs read_bytes)':<42}{f.rss['mapped']:>12.2f}"
+        f"{f.rss['bytes']:>12.2f}{'':>8}  <= 1.10",
+        "",
+        "raw figures: " + json.dumps(dataclasses.asdict(f), default=lambda x: round(x, 3)),
+    ]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--rss"]:
+        print(peak_rss_child(argv[1], float(argv[2]), argv[3]))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.checkpoints")
+    parser.add_argument("--size-mb", type=float, default=1100.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="64 MB, 1 run: a smoke test")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    args = parser.parse_args(argv)
+    size, runs, every = (64.0, 1, 40) if args.quick else (args.size_mb, args.runs, SAVE_EVERY)
+    with tempfile.TemporaryDirectory(prefix="hpcddp-ckpt-bench-", dir=args.dir) as tmp:
+        figures = measure(size, runs, pathlib.Path(tmp), every)
+    print(report(figures), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

@@ -1,0 +1,33 @@
+"""The checkpoint benchmarks run end to end and print their tables (figures are not checked)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def run(module: str, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", f"tests.benchmarks.{module}", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_checkpoint_benchmark_quick_prints_every_ratio(tmp_path):
+    out = run("checkpoints", "--quick", "--dir", str(tmp_path))
+    for row in ("stall per save", "write MB/s", "write MB/s while training", "load s"):
+        assert re.search(rf"^{row}.*\s\d+\.\d\d\s+[<>]= \d\.\d\d$", out, re.M), out
+    assert re.search(r"^peak RSS on resume.*\s\d\.\d\d\s+\d\.\d\d\s+<= 1\.10$", out, re.M), out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_format_benchmark_compares_every_writer(tmp_path):
+    out = run("formats", "--size-mb", "64", "--runs", "1", "--dir", str(tmp_path))
+    assert len(re.findall(r"\d+ MB/s\s+\d\.\d\dx$", out, re.M)) == 5, out

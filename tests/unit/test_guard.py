@@ -1,0 +1,135 @@
+"""The NaN/inf guard's pieces and the stop vote's cadence, in one process."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hpcddp.config import TrainConfig
+from hpcddp.train import guard, preemption
+
+
+def make_guard(**train):
+    return guard.Guard(TrainConfig(**train), torch.device("cpu"), scaled=False)
+
+
+def model_and_probe():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    g = make_guard()
+    with g.find_probe(model):
+        model(torch.randn(2, 4)).sum().backward()
+    return model, g
+
+
+def test_the_probe_is_the_parameter_nearest_the_loss():
+    model, g = model_and_probe()
+    assert g.probe is model[2].bias or g.probe is model[2].weight
+
+
+def test_a_finite_loss_is_seeded_by_exactly_one():
+    g = make_guard()
+    loss = torch.tensor(0.123456789, requires_grad=True)
+    seeded = g.seeded(loss)
+    assert seeded.item() == loss.item()
+    seeded.backward()
+    assert loss.grad.item() == 1.0
+
+
+def test_a_nan_loss_poisons_every_gradient_it_reaches():
+    model, g = model_and_probe()
+    model.zero_grad()
+    x = torch.randn(5, 4)
+    loss = model(x).sum() + float("nan")  # NaN that would not reach the gradients by itself
+    g.seeded(loss).backward()
+    params = list(model.parameters())
+    assert torch.isnan(model[2].weight.grad).all()
+    assert g.bad_now(params, None)
+    model.zero_grad()
+    g.seeded(model(x).sum()).backward()
+    assert not g.bad_now(params, None)
+
+
+def test_grad_norm_option_catches_an_inf_gradient_under_a_finite_loss():
+    model, g = model_and_probe()
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    params[0].grad[0, 0] = math.inf  # far from the probe
+    assert not g.bad_now(params, None)
+    assert make_guard(nonfinite_grad_norm=True).bad_now(params, None)
+    assert g.bad_now(params, torch.tensor(math.inf))  # a norm computed for clipping is used
+
+
+def test_off_checks_nothing():
+    g = make_guard(nonfinite="off")
+    loss = torch.tensor(math.nan)
+    assert g.seeded(loss) is loss and not g.bad_now([], None)
+
+
+@pytest.mark.parametrize(
+    "ranks, policy, expected",
+    [
+        ([1], "stop", "at step 7 in the loss first on rank 1;"),
+        ([0, 3], "stop", "first on rank 0 (also ranks [3]);"),
+        ([], "stop", "in the gradients (the loss was finite on every rank)"),
+        ([2], "skip", "rank 2, after 11 skipped steps (train.nonfinite_max_skips)"),
+    ],
+)
+def test_the_message_names_step_rank_and_what_was_kept(ranks, policy, expected):
+    text = guard.message(7, ranks, 11, 5, policy)
+    assert expected in text and "checkpoint step 5 is the latest" in text
+    assert "\n" not in text and "HINT: " in text
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_vote_is_held_about_every_half_second(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(preemption.time, "perf_counter", clock)
+    vote = preemption.StopVote("gloo", distributed=False)
+    held = []
+    for step in range(1, 400):
+        clock.now += 0.01  # 10 ms a step: a vote every 50 steps
+        if vote.pending:
+            assert vote.result() == preemption.CARRY_ON
+        if vote.due(step):
+            vote.cast(preemption.CARRY_ON, step)
+            held.append(step)
+    assert held[:3] == [1, 51, 101] and all(b - a == 50 for a, b in itertools.pairwise(held))
+
+
+def test_after_a_pause_every_rank_took_the_next_step_votes(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(preemption.time, "perf_counter", clock)
+    vote = preemption.StopVote("gloo", distributed=False)
+    clock.now += 0.01
+    vote.cast(preemption.CARRY_ON, 1)
+    clock.now += 5.0  # a checkpoint right after the vote
+    vote.restart(1)
+    clock.now += 0.01
+    vote.result()
+    assert vote.due(2)
+    vote.cast(preemption.CARRY_ON, 2)
+    clock.now += 0.01
+    vote.result()
+    assert vote.next_step == 52  # the pause did not count as a slow step
+
+
+def test_a_slow_step_votes_every_step_and_the_reason_comes_back(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(preemption.time, "perf_counter", clock)
+    vote = preemption.StopVote("gloo", distributed=False)
+    clock.now += 2.0
+    vote.cast(preemption.STOP_PREEMPTED, 1)
+    assert vote.result() == preemption.STOP_PREEMPTED
+    assert vote.due(2)
+    assert vote.result() == preemption.CARRY_ON  # nothing pending: nothing to read

@@ -1,0 +1,56 @@
+"""Resume reads a checkpoint once per node, and waits for rank 0's writes as long as they take."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from hpcddp.config import TrainConfig
+from hpcddp.dist import waiting
+from hpcddp.launch.resolve import resolve_env
+from hpcddp.storage.checkpoint import CheckpointStore
+from hpcddp.train.checkpointing import Checkpointer, Trained
+from hpcddp.train.state import Progress
+
+
+def trained():
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    return Trained(model, optimizer, scheduler, None)
+
+
+@pytest.mark.parametrize("local_rank, reads", [(0, 1), (1, 0)])
+def test_only_local_rank_zero_reads_the_file_to_verify_it(tmp_path, monkeypatch, local_rank, reads):
+    env = resolve_env({}, cuda_devices=lambda: 0)
+    saver = Checkpointer(tmp_path, TrainConfig(checkpoint_async=False), 300.0, env, trained())
+    saver.save(Progress(step=3), epoch_done=False)
+    verified = []
+    real_verify = CheckpointStore.verify
+    monkeypatch.setattr(
+        CheckpointStore, "verify", lambda s, p: verified.append(p) or real_verify(s, p)
+    )
+    here = dataclasses.replace(env, local_rank=local_rank)
+    fresh = trained()
+    progress = Checkpointer(tmp_path, TrainConfig(), 300.0, here, fresh).resume()
+    assert progress is not None and progress.step == 3
+    assert len(verified) == reads
+    assert torch.equal(fresh.model.weight, saver.trained.model.weight)
+
+
+def test_a_background_save_is_waited_for_and_then_loads(tmp_path):
+    env = resolve_env({}, cuda_devices=lambda: 0)
+    state = trained()
+    saver = Checkpointer(tmp_path, TrainConfig(), 300.0, env, state)
+    saver.save(Progress(step=1), epoch_done=True)
+    saver.wait()
+    with torch.no_grad():
+        state.model.weight.add_(1)  # training moved on after the snapshot
+    step, loaded = CheckpointStore(tmp_path).load_latest()
+    assert step == 1 and loaded["progress"]["epoch"] == 1
+    assert not torch.equal(loaded["model"]["weight"], state.model.weight)
+
+
+def test_the_wait_for_a_write_grows_with_the_state():
+    assert waiting.write_timeout_s(300.0, 0) == 300.0
+    assert waiting.write_timeout_s(300.0, 100 * 10**9) == pytest.approx(300.0 + 4000.0)
