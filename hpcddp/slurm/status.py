@@ -8,6 +8,7 @@ hydra#1928).
 """
 
 import dataclasses
+import json
 import pathlib
 import pickle
 from typing import Any
@@ -28,8 +29,19 @@ def file_outcome(record: JobRecord) -> str | None:
         return "STOPPED"
     summary = pathlib.Path(record.run_dir) / "summary.json"
     if summary.exists() and summary.stat().st_mtime >= record.submitted_at - 1:
-        return "COMPLETED"
+        return _summary_outcome(summary)
     return None
+
+
+def _summary_outcome(path: pathlib.Path) -> str:
+    """COMPLETED, or FAILED for a run that stopped itself as failed (a non-finite loss)."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "UNKNOWN (summary.json is damaged)"
+    if isinstance(summary, dict) and summary.get("status") == "failed":
+        return f"FAILED ({summary.get('reason', 'see summary.json')})"
+    return "COMPLETED"
 
 
 def _read_result(path: pathlib.Path) -> tuple[str, Any] | None:

@@ -83,8 +83,15 @@ def run_lines(run_dir: pathlib.Path) -> list[str]:
     if damaged:
         rows.append(("metrics.jsonl", f"{damaged} damaged line(s) skipped"))
     summary, problem = _json(run_dir / "summary.json")
-    rows.append(("finished", "yes" if summary else problem))
+    rows.append(("finished", _finished(summary) if summary else problem))
     return [f"{key + ':':<18}{value}" for key, value in rows]
+
+
+def _finished(summary: dict[str, Any]) -> str:
+    """ "yes", or why the run ended without finishing (a non-finite loss, say)."""
+    if summary.get("status") == "failed":
+        return f"no: failed at step {summary.get('step')} ({summary.get('reason', '?')})"
+    return "yes"
 
 
 def _holder(lock: dict[str, Any]) -> str:

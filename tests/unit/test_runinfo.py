@@ -69,3 +69,10 @@ def test_a_running_run_names_its_holder_and_a_damaged_summary_is_said(run_dir):
 def test_a_folder_that_is_no_run_is_one_line(tmp_path):
     done = run_cli("status", str(tmp_path))
     assert done.returncode == 2 and "is not a run directory" in done.stderr
+
+
+def test_a_run_that_stopped_as_failed_is_not_called_finished(run_dir):
+    summary = {"stopped": True, "status": "failed", "reason": "nonfinite", "step": 8}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    got = fields(run_cli("status", str(run_dir)).stdout)
+    assert got["finished"] == "no: failed at step 8 (nonfinite)"

@@ -646,3 +646,10 @@ def test_a_controller_that_refuses_is_not_a_forgotten_job(tmp_path):
     )
     with pytest.raises(slurm_queue.SlurmUnreachable, match="Unable to contact slurm controller"):
         job_status.job_status("99", down)
+
+
+def test_a_summary_that_says_failed_is_a_failed_job(tmp_path):
+    make_record(tmp_path)
+    (tmp_path / "run" / "summary.json").write_text('{"status": "failed", "reason": "nonfinite"}')
+    forgotten = fake_run({"scontrol": (1, "", "Invalid job id specified")})
+    assert job_status.job_status("77", forgotten)[0].state == "FAILED (nonfinite)"
