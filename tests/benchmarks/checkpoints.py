@@ -260,9 +260,13 @@ def _while_training(size_mb: float, state: dict, work: pathlib.Path, every: int)
     done, raw = threading.Event(), []
     nbytes = sum(t.nbytes for t in _tensors(state))
 
+    metrics = work / "busy" / "run" / "metrics.jsonl"
+
     def write_meanwhile():
-        time.sleep(5)  # past start-up: the ranks are training
-        while not done.is_set() and len(raw) < SAVES:
+        while not done.is_set() and not metrics.exists():  # past start-up: the ranks train
+            time.sleep(0.1)
+        # One write at least, even when a short (--quick) run ended first: a row, never a gap.
+        while not raw or (not done.is_set() and len(raw) < SAVES):
             raw.append(nbytes / 1e6 / raw_write_s(state, work / "busy-raw.bin"))
             time.sleep(1)
 

@@ -8,13 +8,16 @@ and a run directory that is exactly as it was before.
 import hashlib
 import pathlib
 import re
+import signal
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import QUICK, REPO, TINY, run_cli, summary, wait_for_step
+from hpcddp import exit_codes
+from hpcddp.storage.checkpoint import CheckpointStore
+from tests.helpers import QUICK, REPO, TINY, run_cli, wait_for_step
 
 QS = "examples/quickstart.yaml"
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d \[rank \d+/\d+ ")  # rank 0's progress log, not an error
@@ -258,9 +261,11 @@ def test_rerunning_a_finished_run_changes_nothing(finished_run):
     }
 
 
-def test_a_second_run_in_the_same_run_dir_is_refused_and_the_first_finishes(tmp_path):
+def test_a_second_run_in_the_same_run_dir_is_refused_and_the_first_is_unharmed(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["train", QS, f"run.dir={run_dir}", *QUICK, "train.epochs=4", "train.log_every_steps=1"]
+    # The first run is long on purpose: it must still hold the directory when the second starts.
+    args = ["train", QS, f"run.dir={run_dir}", *QUICK, "train.epochs=1000"]
+    args.append("train.log_every_steps=1")
     first = subprocess.Popen(
         [sys.executable, "-m", "hpcddp", *args], cwd=REPO, stderr=subprocess.PIPE, text=True
     )
@@ -273,8 +278,12 @@ def test_a_second_run_in_the_same_run_dir_is_refused_and_the_first_finishes(tmp_
             f"hpcddp: error: run directory {run_dir} is in use by another run "
             f"(host {socket.gethostname()}, pid {first.pid}, since {lines[0].split('since ')[1]}"
         ]
+        assert first.poll() is None  # the refusal did nothing to the running first run
+        first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=300)
     finally:
         first.kill()
-    assert first.returncode == 0, err[-3000:]
-    assert summary(run_dir)["steps"] == 4 * 2048 // 32
+    assert first.returncode == exit_codes.INTERRUPTED, err[-3000:]
+    assert CheckpointStore(run_dir).latest_step() is not None, err[-3000:]  # saved on Ctrl-C
+    status = run_cli("status", str(run_dir))
+    assert "held by:          nobody (not running now)" in status.stdout  # released on exit

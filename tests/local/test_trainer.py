@@ -52,6 +52,7 @@ def test_only_rank_zero_writes_and_every_rank_logs(tmp_path):
     names = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     checkpoints = [n for n in names if n.startswith("checkpoints/")]
     assert set(names) - set(checkpoints) == {
+        ".lock",  # the run-dir lock: a second run here is refused while this one holds it
         "config.yaml",
         "metrics.jsonl",
         "summary.json",

@@ -36,6 +36,7 @@ def test_two_nodes_two_tasks_each(slurm_cluster, tmp_path):
     logs = {f"logs/rank-{r}.log" for r in range(4)}
     assert logs <= files
     assert {f for f in files - logs if not f.startswith("checkpoints/")} == {
+        ".lock",  # the run-dir lock: a second run here is refused while this one holds it
         "config.yaml",
         "metrics.jsonl",
         "summary.json",

@@ -26,6 +26,9 @@ def cluster(slurm_cluster, monkeypatch, tmp_path):
     return dataclasses.replace(slurm_cluster, cli_env={**slurm_cluster.cli_env, **jobs})
 
 
+STATUS_KEYS = ("job", "state", "nodes", "run dir", "summary.json", "output")
+
+
 def fields(text: str) -> dict[str, str]:
     """`hpcddp status` output -> {key: value}."""
     return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
@@ -47,7 +50,10 @@ def test_submit_two_nodes_from_the_login_node(cluster, tmp_path):
     cluster.wait_for(job.job_id, {"COMPLETED"}, timeout=60)
     status = run_cli("status", job.job_id, env=cluster.cli_env, timeout=60)
     assert status.returncode == 0, status.stderr
-    assert fields(status.stdout) == {
+    shown = fields(status.stdout)
+    assert shown["step"].startswith("16 (epoch") and shown["finished"] == "yes"  # the run's figures
+    assert shown["held by"] == "nobody (not running now)"
+    assert {k: v for k, v in shown.items() if k in STATUS_KEYS} == {
         "job": job.job_id,
         "state": "COMPLETED",
         "nodes": cluster.run(
