@@ -34,3 +34,13 @@ class DistributedError(HpcddpError):
 
 class PeerLostError(DistributedError):
     """This rank failed only because another rank died first; that rank's error is the cause."""
+
+
+def agreed(err: HpcddpError) -> HpcddpError:
+    """Mark an error that every rank of the job reaches alike: rank 0 alone prints it.
+
+    Without the mark a launch error is printed by each rank that has it, since only that rank
+    knows its own place in the job.
+    """
+    err.agreed = True  # type: ignore[attr-defined]
+    return err

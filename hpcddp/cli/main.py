@@ -46,9 +46,15 @@ def report(err: HpcddpError, code: int) -> None:
             rank, socket.gethostname(), code, str(err), isinstance(err, PeerLostError)
         )
         reports.write(path, found)
-    elif reports.should_print(os.environ, own_place=isinstance(err, (LaunchError, HostlistError))):
+    elif reports.should_print(os.environ, own_place=_own_place(err)):
         print(f"hpcddp: error: {err}", file=sys.stderr, flush=True)
     # Other ranks have logged it to their own log (RUN_DIR/logs/rank-R.log) already.
+
+
+def _own_place(err: HpcddpError) -> bool:
+    """An error about this process's own place in the job, which only it can print; not one
+    every rank reached alike (``agreed``: rank 0 prints those)."""
+    return isinstance(err, (LaunchError, HostlistError)) and not getattr(err, "agreed", False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

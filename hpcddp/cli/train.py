@@ -7,6 +7,7 @@ the Slurm subcommands stay light.
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Any
 
@@ -32,8 +33,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         from hpcddp.launch.local import launch
 
         return launch(["train", *([config_path] if config_path else []), *overrides], args.nproc)
+    from hpcddp.launch.local import watch_launcher
     from hpcddp.train.trainer import Trainer
 
+    watch_launcher(os.environ)  # under --nproc: end with the launcher, even a killed one
     return exit_code(Trainer(config=config).fit())
 
 

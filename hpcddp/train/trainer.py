@@ -8,6 +8,7 @@ runs the loop; the group and the logging are always torn down afterwards.
 import dataclasses
 import gc
 import logging
+import os
 import pathlib
 import threading
 from collections.abc import Callable
@@ -17,10 +18,11 @@ import torch
 
 from hpcddp.config import Config
 from hpcddp.dist import collectives as collective
-from hpcddp.dist.group import process_group
+from hpcddp.dist import rendezvous
+from hpcddp.dist.group import Joined, joined
 from hpcddp.errors import ConfigError, HpcddpError
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.launch.resolve import resolve_env
+from hpcddp.launch.resolve import place
 from hpcddp.storage import rundir
 from hpcddp.train import preemption
 from hpcddp.train.factories import import_factory
@@ -53,41 +55,42 @@ class Trainer:
         Stop signals (USR2, TERM, Ctrl-C) are caught for the whole call, from set-up to
         teardown, so one arriving at any moment is a clean stop, never a killed rank.
         """
-        env = env or resolve_env()
+        # A rank's own refusal (no GPU on its node, say) is told to every rank when they meet,
+        # so all of them stop at once instead of waiting for this one.
+        refusal: HpcddpError | None = None
+        if env is None:
+            env, refusal = place()
         if self.config.dist.backend:
             env = dataclasses.replace(env, backend=self.config.dist.backend)
-        _check_precision(self.config.train.precision, env.device)
+        try:
+            _check_precision(self.config.train.precision, env.device)
+        except ConfigError as err:
+            refusal = refusal or err
         stop_flag = preemption.StopFlag()
         in_main_thread = threading.current_thread() is threading.main_thread()
         if in_main_thread:  # Python lets only the main thread handle signals
             stop_flag.install()
         try:
-            return self._fit(env, stop_flag)
+            return self._fit(env, stop_flag, refusal)
         finally:
             if in_main_thread:
                 stop_flag.uninstall()
 
-    def _fit(self, env: DistEnv, stop_flag: preemption.StopFlag) -> dict[str, Any]:
-        with process_group(env, self.config.dist.timeout_s) as device:
+    def _fit(
+        self, env: DistEnv, stop_flag: preemption.StopFlag, refusal: HpcddpError | None
+    ) -> dict[str, Any]:
+        dist_cfg = self.config.dist
+        with joined(
+            env, dist_cfg.timeout_s, socket_ifname=dist_cfg.socket_ifname, refusal=refusal
+        ) as done:
+            attempt = _attempt(env, done)
             run_dir = collective.on_rank_zero(
-                lambda: rundir.prepare(self.config), env.rank, "prepare the run directory"
+                lambda: rundir.prepare(self.config, attempt), env.rank, "prepare the run directory"
             )
             setup_logging(env, run_dir / "logs")
-            log.info(
-                "local rank %d, node %d/%d, device %s, backend %s, master %s:%d, "
-                "launcher %s, job %s",
-                env.local_rank,
-                env.node_rank,
-                env.num_nodes,
-                env.device,
-                env.backend,
-                env.master_addr,
-                env.master_port,
-                env.launcher,
-                env.job_id or "-",
-            )
+            _log_place(env, done)
             try:
-                return self._run(env, device, run_dir, stop_flag)
+                return self._run(env, done.device, run_dir, stop_flag)
             except HpcddpError as err:  # printed once, by rank 0 or the launcher; kept by all
                 log.error("%s", err, extra=FILE_ONLY)
                 raise
@@ -107,6 +110,37 @@ class Trainer:
             self.model_fn, self.dataset_fn, self.config, env, device, run_dir, stop_flag
         )
         return run.execute()
+
+
+def _attempt(env: DistEnv, done: Joined) -> rundir.Attempt:
+    """This attempt of the job, for the run directory's record (hosts known on rank 0)."""
+    hosts = [host for host, _ in done.meeting.everyone.values()] if done.meeting else []
+    return rundir.Attempt(
+        job=env.job_id,
+        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        nodes=tuple(dict.fromkeys(hosts or [env.hostname])),
+    )
+
+
+def _log_place(env: DistEnv, done: Joined) -> None:
+    """Each rank's place in its own log; the network every rank chose, once, on rank 0."""
+    network = done.meeting.network if done.meeting else None
+    log.info(
+        "local rank %d, node %d/%d, device %s, backend %s, master %s:%d, network %s, "
+        "launcher %s, job %s",
+        env.local_rank,
+        env.node_rank,
+        env.num_nodes,
+        env.device,
+        env.backend,
+        env.master_addr,
+        env.master_port,
+        f"{network.interface} {network.address} ({network.chosen_by})" if network else "-",
+        env.launcher,
+        env.job_id or "-",
+    )
+    if done.meeting and env.is_main:
+        log.info("network: %s", rendezvous.as_text(done.meeting.everyone))
 
 
 def _factory(spec: Callable[..., Any] | str, what: str) -> Callable[..., Any]:
