@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from hpcddp import exit_codes
-from hpcddp.cli import jobs, plot, sbatch, train
+from hpcddp.cli import check, jobs, plot, sbatch, train
 from hpcddp.errors import ConfigError, HostlistError, HpcddpError, LaunchError, PeerLostError
 from hpcddp.launch import reports
 from hpcddp.launch.contexts import claimed_rank
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sbatch.add_parser(sub)
     jobs.add_parsers(sub)  # submit, status, logs
     plot.add_parser(sub)
+    check.add_parser(sub)
     return parser
 
 

@@ -66,6 +66,31 @@ class TrainTask:
         return f"TrainTask(run.dir={self.config.run.dir!r})"
 
 
+class CheckTask:
+    """What every task of a submitted pre-flight runs: `hpcddp check` on one config (picklable).
+
+    Rank 0 prints the table into the job's output; the result is the report and the problems
+    (rank 0's), or the number of errors on the other ranks.
+    """
+
+    def __init__(self, config: Config, size_mb: float = 16.0) -> None:
+        self.config, self.size_mb = config, size_mb
+
+    def __call__(self) -> dict[str, Any]:
+        """Run the check on this task's rank (torch is imported here, in the job)."""
+        from hpcddp.dist.checktable import as_text
+        from hpcddp.dist.preflight import check
+
+        outcome = check(self.config, self.size_mb)
+        if outcome.report is not None:
+            print(as_text(outcome.report, outcome.problems), flush=True)
+        problems = [p.line() for p in outcome.problems]
+        return {"errors": outcome.errors, "problems": problems, "report": outcome.report}
+
+    def __repr__(self) -> str:
+        return f"CheckTask(run.dir={self.config.run.dir!r})"
+
+
 # -- jobs whose result() works with many tasks and without sacct ------------------------------
 
 
@@ -273,19 +298,23 @@ def submit(
     overrides: Sequence[str] = (),
     *,
     cluster: str | None = None,
+    check: bool = False,
     **slurm_options: Any,
 ) -> SlurmRun | LocalRun:
     """Submit one run and return at once; ``job.result()`` waits and returns its summary.
 
     ``slurm_options`` override the config's slurm section (``nodes=2, tasks_per_node=4,
-    time_min=30, ...``). ``cluster`` forces ``"slurm"`` or ``"local"``. submitit's files go to
+    time_min=30, ...``). ``cluster`` forces ``"slurm"`` or ``"local"``. ``check=True`` submits
+    the pre-flight (`hpcddp check`) with the same resources instead of training: its
+    ``result()`` is ``{"errors": N, "problems": [...], "report": {...}}``. submitit's files go to
     ``<run.dir>/submitit/``; `hpcddp.job_index` records the job for ``hpcddp status`` and ``logs``.
     """
     config = resolve_config(config, overrides, slurm_options)
     cluster = choose_cluster(cluster)
     executor = _executor(config, cluster)
     submitted_at = time.time()
-    job = _adopt(executor.submit(TrainTask(config)), executor.folder, cluster)
+    task = CheckTask(config) if check else TrainTask(config)
+    job = _adopt(executor.submit(task), executor.folder, cluster)
     job_index.write_record(_record(job, config, cluster, submitted_at))
     log.info(
         "submitted job %s (%s, %d tasks), run dir %s",

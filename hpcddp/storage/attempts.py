@@ -1,9 +1,8 @@
 """Every attempt of a run across requeues: where it ran, why it ended, how many steps it gained.
 
-``RUN_DIR/attempts.jsonl`` gets one line when an attempt begins (rank 0, once the run directory
-is ready) and one when it ends: written by the trainer when it stops or finishes, or by the job
-script's retry helper (`hpcddp.slurm.retry`) when a rank died, since a dead rank writes nothing.
-`history` folds them into one entry per attempt for the run's summary.
+``RUN_DIR/attempts.jsonl`` gets one line per attempt, once it ended: written by rank 0 when the
+run stops or finishes, or by the job script's retry helper (`hpcddp.slurm.retry`) when a rank
+died, since a dead rank writes nothing. `history` lists them for the run's summary.
 
 Torch-free, so the job script's helper can read it without importing torch.
 """
@@ -44,34 +43,34 @@ def _append(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> None:
         os.fsync(out.fileno())
 
 
-def begin(run_dir: str | os.PathLike[str], job: str, restart: int, nodes: list[str]) -> None:
-    """Record that an attempt starts on ``nodes``, from the newest saved step."""
-    _append(
-        run_dir,
-        {
-            "event": "begin",
-            "job": job,
-            "restart": restart,
-            "nodes": nodes,
-            "step": saved_step(run_dir),
-        },
-    )
+def last_step(run_dir: str | os.PathLike[str]) -> int:
+    """The step the last recorded attempt reached: where the next one starts (0 at first)."""
+    found = records(run_dir)
+    return int(found[-1].get("step", 0)) if found else 0
 
 
-def end(
+def record(
     run_dir: str | os.PathLike[str],
+    *,
     job: str,
     restart: int,
+    nodes: list[str],
     cause: str,
     step: int | None = None,
+    from_step: int | None = None,
     excluded: list[str] | None = None,
 ) -> None:
-    """Record how an attempt ended: its cause, the step it reached, nodes it asked to avoid."""
-    record: dict[str, Any] = {"event": "end", "job": job, "restart": restart, "cause": cause}
-    record["step"] = saved_step(run_dir) if step is None else step
+    """Record one attempt once it ended: where it ran, why it ended, the steps it spanned.
+
+    ``step`` defaults to the newest saved checkpoint (what the next attempt resumes from),
+    ``from_step`` to where the previous attempt ended.
+    """
+    entry: dict[str, Any] = {"job": job, "restart": restart, "nodes": nodes, "cause": cause}
+    entry["from_step"] = last_step(run_dir) if from_step is None else from_step
+    entry["step"] = saved_step(run_dir) if step is None else step
     if excluded:
-        record["excluded"] = excluded
-    _append(run_dir, record)
+        entry["excluded"] = excluded
+    _append(run_dir, entry)
 
 
 def records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -90,28 +89,19 @@ def records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def history(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """One entry per attempt: number, job, nodes, cause, steps gained (and excluded nodes)."""
-    attempts: list[dict[str, Any]] = []
-    for record in records(run_dir):
-        if record.get("event") == "begin":
-            attempts.append(
-                {
-                    "attempt": len(attempts) + 1,
-                    "job": record.get("job", ""),
-                    "restart": record.get("restart", 0),
-                    "nodes": record.get("nodes", []),
-                    "from_step": record.get("step", 0),
-                    "cause": "ended without a record (node lost?)",
-                    "steps_gained": 0,
-                }
-            )
-        elif record.get("event") == "end" and attempts:
-            current = attempts[-1]
-            current["cause"] = record.get("cause", "")
-            current["steps_gained"] = max(record.get("step", 0) - current["from_step"], 0)
-            if record.get("excluded"):
-                current["excluded"] = record["excluded"]
-    return attempts
+    """One entry per attempt: number, job, restart, nodes, cause, steps gained, excluded nodes."""
+    return [
+        {
+            "attempt": number,
+            "job": r.get("job", ""),
+            "restart": r.get("restart", 0),
+            "nodes": r.get("nodes", []),
+            "cause": r.get("cause", ""),
+            "steps_gained": max(int(r.get("step", 0)) - int(r.get("from_step", 0)), 0),
+            **({"excluded": r["excluded"]} if r.get("excluded") else {}),
+        }
+        for number, r in enumerate(records(run_dir), start=1)
+    ]
 
 
 def as_lines(attempts: list[dict[str, Any]]) -> list[str]:

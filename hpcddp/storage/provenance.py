@@ -143,7 +143,12 @@ def record(run_dir: pathlib.Path, found: dict[str, Any], changed: bool = False) 
             text = tree["diff"]
             if len(text) > MAX_DIFF_BYTES:
                 text = f"(diff of {len(text)} bytes not stored; sha256 {tree['diff_sha256']})\n"
-            atomic_write_text(folder / name, text)
+            if not (folder / name).exists() or (folder / name).read_text() != text:
+                atomic_write_text(folder / name, text)
             entry["diff_file"] = f"provenance/{name}"
         stored.append(entry)
-    atomic_write_text(path, json.dumps({**found, "trees": stored}, indent=2) + "\n")
+    text = json.dumps({**found, "trees": stored}, indent=2) + "\n"
+    if (
+        not path.exists() or path.read_text() != text
+    ):  # an attempt that changes nothing writes nothing
+        atomic_write_text(path, text)

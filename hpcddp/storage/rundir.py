@@ -7,8 +7,8 @@ Layout::
     RUN_DIR/logs/rank-N.log  one log per rank
     RUN_DIR/metrics.jsonl    one line per logged step and evaluation (`hpcddp.storage.metrics`)
     RUN_DIR/summary.json     written when the run completes
-    RUN_DIR/attempts.jsonl   when each attempt began and ended (`hpcddp.storage.attempts`)
-    RUN_DIR/provenance.json  the code and versions that ran (`hpcddp.storage.provenance`)
+    RUN_DIR/attempts.jsonl   every attempt: nodes, why it ended, steps (`hpcddp.storage.attempts`)
+    RUN_DIR/provenance.json  the code, versions and job that ran (`hpcddp.storage.provenance`)
 
 ``run.resume=false`` never mixes two runs in one directory: an existing run is refused, or
 with ``run.overwrite=true`` moved aside whole; only a requeued attempt of the same Slurm job
@@ -89,10 +89,12 @@ def _holds_a_run(root: pathlib.Path) -> bool:
 
 
 def _written_by(root: pathlib.Path, attempt: Attempt) -> bool:
-    """True when an earlier attempt of this very job (a requeue) began in ``root``."""
-    return bool(attempt.job) and any(
-        r.get("event") == "begin" and r.get("job") == attempt.job for r in attempts.records(root)
-    )
+    """True when an earlier attempt of this very job (a requeue) prepared ``root``."""
+    try:
+        saved = provenance.load(root) or {}
+    except ValueError:
+        return False
+    return bool(attempt.job) and saved.get("job") == attempt.job
 
 
 def _move_aside(root: pathlib.Path) -> pathlib.Path:
@@ -122,9 +124,10 @@ def _fresh_start(config: Config, root: pathlib.Path, attempt: Attempt) -> None:
     log.warning("run.overwrite=true: moved the previous run in %s aside to %s", root, moved)
 
 
-def _check_code(config: Config, root: pathlib.Path) -> None:
+def _check_code(config: Config, root: pathlib.Path, attempt: Attempt) -> None:
     """Record the code and versions that run; say in one line what changed since last time."""
     found = provenance.collect([config.model.factory, config.data.factory])
+    found["job"] = attempt.job
     try:
         saved = provenance.load(root)
     except ValueError:
@@ -145,7 +148,7 @@ def _check_code(config: Config, root: pathlib.Path) -> None:
 def prepare(config: Config, attempt: Attempt | None = None) -> pathlib.Path:
     """Create the run directory (rank 0), refusing one written by a different config or run.
 
-    Records the code that runs (`hpcddp.storage.provenance`) and the attempt's beginning.
+    Records the code that runs and the job it runs in (`hpcddp.storage.provenance`).
     """
     attempt = attempt or Attempt()
     root = pathlib.Path(config.run.dir)
@@ -168,6 +171,5 @@ def prepare(config: Config, attempt: Attempt | None = None) -> pathlib.Path:
                 "run.force=true to continue it with the new config."
             )
     atomic_write_text(saved_path, config.to_yaml())
-    _check_code(config, root)
-    attempts.begin(root, attempt.job, attempt.restart, list(attempt.nodes))
+    _check_code(config, root, attempt)
     return root

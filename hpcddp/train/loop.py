@@ -30,6 +30,7 @@ from hpcddp.progress import ProgressBar, bar
 from hpcddp.storage import attempts
 from hpcddp.storage.atomic import atomic_write_text
 from hpcddp.storage.metrics import MetricsLog
+from hpcddp.storage.rundir import Attempt
 from hpcddp.train import data, ddp, evaluation, preemption, rng
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.optim import make_optimizer, make_scheduler
@@ -67,11 +68,6 @@ class Throughput:
         return rate
 
 
-def _restart() -> int:
-    """Which requeue of its Slurm job this attempt is (0: the first run)."""
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-
-
 class TrainingRun:
     """One process's side of a training run: the model, data and optimizer, and the loop."""
 
@@ -84,8 +80,10 @@ class TrainingRun:
         device: torch.device,
         run_dir: pathlib.Path,
         stop_flag: preemption.StopFlag,
+        attempt: Attempt | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
+        self.attempt = attempt or Attempt(job=env.job_id, nodes=(env.hostname,))
         # installed by the caller for the whole run: a signal during set-up is a clean stop
         self.stop_flag = stop_flag
         rng.seed_everything(cfg.run.seed)  # identical initial weights on every rank
@@ -201,6 +199,9 @@ class TrainingRun:
         }
         if reason == preemption.STOP_PREEMPTED:
             self._refuse_endless_requeue()
+        if self.env.is_main:  # before requeueing, which ends the job's processes
+            self._record_attempt(outcome["reason"])
+        if reason == preemption.STOP_PREEMPTED:
             requeued, message = collectives.on_rank_zero(
                 requeue.requeue, self.env.rank, "requeue the job"
             )
@@ -208,11 +209,20 @@ class TrainingRun:
             (log.info if requeued else log.error)(
                 "preempted at step %d, checkpoint saved; %s", self.progress.step, message
             )
-        if self.env.is_main:
-            attempts.end(
-                self.run_dir, self.env.job_id, _restart(), outcome["reason"], self.progress.step
-            )
         return outcome
+
+    def _record_attempt(self, cause: str) -> None:
+        """Rank 0: this attempt's line in attempts.jsonl (`hpcddp.storage.attempts`)."""
+        a = self.attempt
+        attempts.record(
+            self.run_dir,
+            job=a.job,
+            restart=a.restart,
+            nodes=list(a.nodes),
+            cause=cause,
+            step=self.progress.step,
+            from_step=self.resumed_step,
+        )
 
     def _refuse_endless_requeue(self) -> None:
         """The stop time passed within the attempt's first step: a requeue would gain one step."""
@@ -404,7 +414,12 @@ class TrainingRun:
             **(self.last_eval or {}),
         }
         if self.env.is_main:
-            attempts.end(self.run_dir, self.env.job_id, _restart(), "finished", self.progress.step)
+            # a re-run of a finished run trains nothing and changes nothing
+            if (
+                self.progress.step > self.resumed_step
+                or not (self.run_dir / "summary.json").exists()
+            ):
+                self._record_attempt("finished")
             summary["attempts"] = attempts.history(self.run_dir)
             atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
             log.info(

@@ -90,7 +90,7 @@ class Trainer:
             setup_logging(env, run_dir / "logs")
             _log_place(env, done)
             try:
-                return self._run(env, done.device, run_dir, stop_flag)
+                return self._run(env, done.device, run_dir, stop_flag, attempt)
             except HpcddpError as err:  # printed once, by rank 0 or the launcher; kept by all
                 log.error("%s", err, extra=FILE_ONLY)
                 raise
@@ -104,10 +104,11 @@ class Trainer:
         device: torch.device,
         run_dir: pathlib.Path,
         stop_flag: preemption.StopFlag,
+        attempt: rundir.Attempt,
     ) -> dict[str, Any]:
         """Build and execute the run here, so nothing holds it once this returns."""
         run = TrainingRun(
-            self.model_fn, self.dataset_fn, self.config, env, device, run_dir, stop_flag
+            self.model_fn, self.dataset_fn, self.config, env, device, run_dir, stop_flag, attempt
         )
         return run.execute()
 
@@ -116,7 +117,7 @@ def _attempt(env: DistEnv, done: Joined) -> rundir.Attempt:
     """This attempt of the job, for the run directory's record (hosts known on rank 0)."""
     hosts = [host for host, _ in done.meeting.everyone.values()] if done.meeting else []
     return rundir.Attempt(
-        job=env.job_id,
+        job=os.environ.get("SLURM_JOB_ID", ""),  # what a requeue keeps; local runs have none
         restart=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
         nodes=tuple(dict.fromkeys(hosts or [env.hostname])),
     )
