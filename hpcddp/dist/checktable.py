@@ -60,7 +60,7 @@ def measurements(report: Mapping[str, Any]) -> list[str]:
     """The all-reduce, the node pairs and the compute times, a line each."""
     ar = report["allreduce"]
     link = f"{ar['link_gbps']:.3g} Gb/s" if ar.get("link_gbps") else "unknown"
-    share = f", {100 * ar['bus_gbps'] / ar['link_gbps']:.0f}%" if ar.get("link_gbps") else ""
+    share = f", {100 * ar['bus_gbps'] / ar['link_gbps']:.2g}%" if ar.get("link_gbps") else ""
     lines = [
         f"all-reduce ({report['backend']}, {len(report['ranks'])} ranks): {_size(ar['small_bytes'])} "
         f"in {ar['small_ms']:.3g} ms; {_size(ar['bytes'])} in {ar['ms']:.3g} ms = "

@@ -19,7 +19,7 @@ EPHEMERAL = range(32768, 61000)
 MIN_FREE_MEMORY_GB = 1.0
 MIN_FREE_DISK_GB = 2.0
 SLOW_FACTOR = 4.0  # a link this many times slower than the others is named
-SLOW_COMPUTE_FACTOR = 2.0
+SLOW_COMPUTE_FACTOR = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +167,10 @@ def gpu_problems(ranks: Sequence[Facts], backend: str, gpus_asked: int) -> list[
     problems = []
     for host, facts in by_host(ranks).items():
         visible, tasks = facts[0]["gpus_visible"], len(facts)
-        bound = all(f["gpus_visible"] == 1 for f in facts) and tasks > 1
+        # Slurm bound GPUs per task when the ranks of a node see different ones (by UUID: with
+        # per-task binding each rank's only GPU is its number 0)
+        seen = {f.get("gpu_uuids") or f["gpu_ids"] for f in facts}
+        bound = len(seen) == tasks > 1
         if gpus_asked and visible == 0:
             problems.append(
                 Problem(
@@ -304,7 +307,7 @@ def pair_problems(pairs: Sequence[Mapping[str, Any]]) -> list[Problem]:
 def compute_problems(ranks: Sequence[Facts]) -> list[Problem]:
     """A node whose ranks compute several times slower than the fastest node's."""
     times = {
-        h: statistics.median(f["compute_ms"] for f in facts) for h, facts in by_host(ranks).items()
+        h: min(f["compute_ms"] for f in facts) for h, facts in by_host(ranks).items()
     }
     if len(times) < 2:
         return []
@@ -329,9 +332,9 @@ def link_problems(allreduce: Mapping[str, Any]) -> list[Problem]:
     return [
         Problem(
             "warning",
-            f"the all-reduce reaches {bus:.3g} Gb/s of bus bandwidth, {100 * bus / link:.0f}% of "
-            f"the {link:.3g} Gb/s the slowest link reports. Fix: check the node pairs below and "
-            "the interface chosen (dist.socket_ifname).",
+            f"the all-reduce reaches {bus:.3g} Gb/s of bus bandwidth, {100 * bus / link:.2g}% of "
+            f"the {link:.3g} Gb/s the slowest link reports. Fix: see the node pairs above (a "
+            "slow node slows everyone), and the interface each rank uses.",
         )
     ]
 

@@ -75,10 +75,21 @@ def _existing(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def _gpus(env: DistEnv, environ: Mapping[str, str]) -> tuple[int, str]:
+def _gpus(environ: Mapping[str, str]) -> tuple[int, str, str]:
+    """How many GPUs this rank sees, their ids as CUDA numbers them here, and their UUIDs.
+
+    The UUIDs tell two ranks that each see "GPU 0" apart: with per-task binding every rank's
+    only GPU is number 0, yet they are different devices.
+    """
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not visible:
+        return 0, "", ""
     ids = environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(visible)))
-    return visible, ids if visible else ""
+    uuids = []
+    for index in range(visible):
+        with contextlib.suppress(Exception):
+            uuids.append(str(torch.cuda.get_device_properties(index).uuid)[:8])
+    return visible, ids, ",".join(uuids)
 
 
 def _workers(config: Config, env: DistEnv, cpus: int, environ: Mapping[str, str]) -> int:
@@ -95,13 +106,13 @@ def _compute_ms(device: torch.device) -> float:
     a = torch.randn(size, size, device=device)
     (a @ a).sum().item()  # warm-up
     timings = []
-    for _ in range(3):
+    for _ in range(5):
         start = time.perf_counter()
         for _ in range(repeats):
             a = torch.tanh(a @ a)
         a.sum().item()  # waits for the device
         timings.append((time.perf_counter() - start) * 1000)
-    return statistics.median(timings)
+    return min(timings)  # a busy moment only slows a run down; a slow CPU slows them all
 
 
 def rank_facts(
@@ -110,7 +121,7 @@ def rank_facts(
     """This rank's row of the table, and what the rules need besides."""
     network = done.meeting.network if done.meeting else None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    visible, ids = _gpus(env, environ)
+    visible, ids, uuids = _gpus(environ)
     run_dir = pathlib.Path(config.run.dir)
     slurm_cpus = environ.get("SLURM_CPUS_PER_TASK", "")
     return {
@@ -126,6 +137,7 @@ def rank_facts(
         "workers": _workers(config, env, cpus or 1, environ),
         "gpus_visible": visible,
         "gpu_ids": ids,
+        "gpu_uuids": uuids,
         "interface": network.interface if network else "",
         "address": network.address if network else "",
         "link_mbps": netif.link_speed_mbps(network.interface) if network else 0,
@@ -162,9 +174,16 @@ def _token_in(run_dir: pathlib.Path, rank: int) -> Iterator[str]:
 
 
 def _allreduce(env: DistEnv, device: torch.device, nbytes: int, repeats: int) -> float:
-    """Median milliseconds of one all-reduce of ``nbytes`` over every rank."""
+    """Median milliseconds of one all-reduce of ``nbytes`` over every rank.
+
+    A slow network gets fewer repeats (about two seconds' worth after the warm-up), so a check
+    on a crawling link still ends in seconds.
+    """
     tensor = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+    start = time.perf_counter()
     dist.all_reduce(tensor)  # warm-up: connections and buffers
+    took = collectives.broadcast_object(time.perf_counter() - start)  # every rank the same
+    repeats = max(1, min(repeats, int(2.0 / max(took, 1e-6))))
     timings = []
     for _ in range(repeats):
         dist.barrier()
@@ -183,30 +202,38 @@ def measure_allreduce(env: DistEnv, device: torch.device, size_mb: float) -> dic
     ms = _allreduce(env, device, nbytes, 5)
     n = env.world_size
     bus = nbytes * 8 * 2 * (n - 1) / n / (ms / 1000) / 1e9 if n > 1 else 0.0
-    return {"small_bytes": SMALL_BYTES, "small_ms": small_ms, "bytes": nbytes, "ms": ms,
-            "bus_gbps": bus}  # fmt: skip
+    timings = {"small_bytes": SMALL_BYTES, "small_ms": small_ms, "bytes": nbytes, "ms": ms}
+    return {**timings, "bus_gbps": bus}
+
+
+def _transfer_s(env: DistEnv, tensor: torch.Tensor, src: int, dst: int) -> float:
+    """Seconds for ``src`` to send ``tensor`` to ``dst``, as ``dst`` saw it (0 elsewhere)."""
+    dist.barrier()
+    start = time.perf_counter()
+    if env.rank == src:
+        dist.send(tensor, dst)
+    elif env.rank == dst:
+        dist.recv(tensor, src)
+        if tensor.device.type == "cuda":
+            torch.cuda.synchronize(tensor.device)
+    return time.perf_counter() - start if env.rank == dst else 0.0
 
 
 def measure_pairs(
-    env: DistEnv, device: torch.device, leaders: Mapping[str, int], nbytes: int
+    env: DistEnv, device: torch.device, leaders: Mapping[str, int], nbytes: int, repeats: int = 3
 ) -> list[dict[str, Any]]:
-    """Each ordered pair of nodes in turn: the first rank of one sends to the first of the other."""
+    """Each ordered pair of nodes in turn, the others idle: the first rank of one node sends to
+    the first of the other. The best of ``repeats`` counts: a busy moment only slows a transfer,
+    while a slow link slows all of them."""
     tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     results = []
     for src_host, src in leaders.items():
         for dst_host, dst in leaders.items():
             if src == dst:
                 continue
-            dist.barrier()
-            start = time.perf_counter()
-            if env.rank == src:
-                dist.send(tensor, dst)
-            elif env.rank == dst:
-                dist.recv(tensor, src)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - start
-            measured = collectives.broadcast_object(seconds if env.rank == dst else None, src=dst)
+            _transfer_s(env, tensor[:1024], src, dst)  # warm-up: buffers, the first packets
+            best = min(_transfer_s(env, tensor, src, dst) for _ in range(repeats))
+            measured = collectives.broadcast_object(best if env.rank == dst else None, src=dst)
             gbps = nbytes * 8 / measured / 1e9 if measured else 0.0
             results.append({"src": src_host, "dst": dst_host, "gbps": gbps})
     return results

@@ -139,9 +139,15 @@ def meet(
     timeout_s: float,
     override: str = "",
     environ: Mapping[str, str] = os.environ,
+    prefix: str = "",
 ) -> Meeting:
-    """Post this rank's hello, let rank 0 decide, and return this rank's network (or raise)."""
-    prefix = f"hpcddp/rdzv/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_rounds)}"
+    """Post this rank's hello, let rank 0 decide, and return this rank's network (or raise).
+
+    The keys live under ``prefix``: by default one per torchrun restart and per process group
+    this process made, which every rank counts alike.
+    """
+    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefix = prefix or f"hpcddp/rdzv/{restart}/{next(_rounds)}"
     if env.rank != 0 and store.add(f"{prefix}/claim/{env.rank}", 1) > 1:
         store.set(f"{prefix}/duplicate", json.dumps([env.rank, env.hostname]))
     store.set(f"{prefix}/hello/{env.rank}", json.dumps(dataclasses.asdict(mine)))

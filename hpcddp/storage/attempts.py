@@ -35,10 +35,15 @@ def saved_step(run_dir: str | os.PathLike[str]) -> int:
 
 
 def _append(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    """One JSON line, written whole with one write(); a torn last line is skipped on read."""
+    """One JSON line, written whole with one write(); a torn last line is skipped on read, and
+    the next line starts on a line of its own."""
     line = json.dumps({**record, "time": round(time.time(), 3)}) + "\n"
-    with open(pathlib.Path(run_dir) / FILE, "a") as out:
-        out.write(line)
+    with open(pathlib.Path(run_dir) / FILE, "a+b") as out:
+        if out.seek(0, os.SEEK_END) > 0:
+            out.seek(-1, os.SEEK_END)
+            if out.read(1) != b"\n":
+                line = "\n" + line
+        out.write(line.encode())
         out.flush()
         os.fsync(out.fileno())
 

@@ -13,6 +13,7 @@ NO_GPU = lambda: 0  # noqa: E731
 
 
 LAUNCHERS = {77, 991}  # the pids of the local launchers below, as this process's ancestors
+OUR_LAUNCHER = {"HPCDDP_LOCAL_JOB_ID": "77"}
 
 
 def resolve(environ, gpus=0):

@@ -237,8 +237,13 @@ APPTAINER = {
         "options": ["--writable-tmpfs"],
     },
 }
-PYXIS = {"container": {"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.05-py3",
-                       "bind": ["/scratch:/scratch"]}}  # fmt: skip
+PYXIS = {
+    "container": {
+        "runtime": "pyxis",
+        "image": "nvcr.io#nvidia/pytorch:24.05-py3",
+        "bind": ["/scratch:/scratch"],
+    }
+}
 GOLDEN_NAMES = ["defaults", "multinode-gpu", "hostile", "apptainer-setup", "pyxis-check"]
 
 
