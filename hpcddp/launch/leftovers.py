@@ -11,14 +11,15 @@ or silently trains alone as rank 0 of a world of one. Two kinds are caught here:
 """
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import psutil
 
-# The local launchers and the variable in which each names itself (its pid).
+# The local launchers, the variable in which each names itself (its pid), and how far up the
+# process tree it may be: ours starts ranks directly; submitit's may start them through a shell.
 LOCAL_LAUNCHERS = {
-    "HPCDDP_LOCAL_": "HPCDDP_LOCAL_JOB_ID",  # hpcddp train --nproc
-    "SUBMITIT_LOCAL_": "SUBMITIT_LOCAL_JOB_ID",  # submitit's local executor
+    "HPCDDP_LOCAL_": ("HPCDDP_LOCAL_JOB_ID", 1),  # hpcddp train --nproc
+    "SUBMITIT_LOCAL_": ("SUBMITIT_LOCAL_JOB_ID", 2),  # submitit's local executor
 }
 # What torchrun sets together, plus NODE_RANK (Lightning's and others' node number); a value
 # that says "rank 0 of one" is no claim to be part of a larger world.
@@ -28,28 +29,26 @@ _SINGLE_VALUES |= {"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "::1")
 
 
-def ancestor_pids(pid: int | None = None) -> set[int]:
-    """The pids of this process's parent, grandparent, ... (empty when unknown)."""
+def ancestor_pids(pid: int | None = None) -> list[int]:
+    """The pids of this process's parent, grandparent, ..., nearest first ([] when unknown)."""
     try:
-        return {p.pid for p in psutil.Process(pid or os.getpid()).parents()}
+        return [p.pid for p in psutil.Process(pid or os.getpid()).parents()]
     except psutil.Error:
-        return set()
+        return []
 
 
 def split_leftovers(
-    environ: Mapping[str, str], ancestors: Callable[[], set[int]] = ancestor_pids
+    environ: Mapping[str, str], ancestors: Callable[[], Sequence[int]] = ancestor_pids
 ) -> tuple[dict[str, str], list[str]]:
-    """``environ`` without local-launch variables whose launcher is not an ancestor; and those.
-
-    The ancestors are looked up only when such variables are present.
-    """
+    """``environ`` without local-launch variables whose launcher did not start this process;
+    and those. The ancestors are looked up only when such variables are present."""
     kept, left = dict(environ), []
-    for prefix, job_var in LOCAL_LAUNCHERS.items():
+    for prefix, (job_var, depth) in LOCAL_LAUNCHERS.items():
         names = sorted(n for n in environ if n.startswith(prefix))
         if not names:
             continue
         launcher = environ.get(job_var, "")
-        if launcher.isdigit() and int(launcher) in ancestors():
+        if launcher.isdigit() and int(launcher) in list(ancestors())[:depth]:
             continue
         left += names
         for name in names:
@@ -60,10 +59,10 @@ def split_leftovers(
 def leftovers_message(environ: Mapping[str, str], names: list[str]) -> str:
     """Why a process with left-over local-launch variables is refused, and the fix."""
     shown = " ".join(f"{n}={environ[n]}" for n in names[:3]) + (" ..." if len(names) > 3 else "")
-    job = next((environ[v] for v in LOCAL_LAUNCHERS.values() if environ.get(v)), "")
-    who = f"its launcher, pid {job}, is not" if job else "no launcher of it is"
+    job = next((environ[v] for v, _ in LOCAL_LAUNCHERS.values() if environ.get(v)), "")
+    who = f"its launcher, pid {job}, did not" if job else "no launcher of it did"
     return (
-        f"{shown} are set, but {who} an ancestor of this process: they were left over from a "
+        f"{shown} are set, but {who} start this process: they were left over from a "
         "local launch (copied into your shell?), and would make this process wait for peers "
         f"that do not exist. HINT: unset {' '.join(names)}, then launch with "
         "`hpcddp train --nproc N`, srun or torchrun."

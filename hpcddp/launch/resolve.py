@@ -9,7 +9,7 @@ instead of a hang in ``init_process_group``. torch is imported only to count GPU
 import dataclasses
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from hpcddp.errors import LaunchError
 from hpcddp.launch import leftovers
@@ -107,7 +107,7 @@ def _check_placement(p: DistEnv) -> None:
         )
 
 
-def _place(environ: Mapping[str, str], ancestors: Callable[[], set[int]]) -> DistEnv:
+def _place(environ: Mapping[str, str], ancestors: Callable[[], Sequence[int]]) -> DistEnv:
     """The launch context's placement, after removing a shell's left-over local variables."""
     cleaned, left = leftovers.split_leftovers(environ, ancestors)
     context = next(c for c in CONTEXTS if c.detect(cleaned))
@@ -138,7 +138,7 @@ def place(
     *,
     cuda_devices: Callable[[], int] = visible_cuda_devices,
     hostname: str | None = None,
-    ancestors: Callable[[], set[int]] = leftovers.ancestor_pids,
+    ancestors: Callable[[], Sequence[int]] = leftovers.ancestor_pids,
 ) -> tuple[DistEnv, LaunchError | None]:
     """This process's place in the job, and its own reason not to run, if it has one.
 
@@ -162,7 +162,7 @@ def resolve_env(
     *,
     cuda_devices: Callable[[], int] = visible_cuda_devices,
     hostname: str | None = None,
-    ancestors: Callable[[], set[int]] = leftovers.ancestor_pids,
+    ancestors: Callable[[], Sequence[int]] = leftovers.ancestor_pids,
 ) -> DistEnv:
     """Resolve this process's place in the job from its environment (``os.environ`` by default).
 

@@ -140,7 +140,7 @@ def test_loader_workers_follow_slurm_cpus(environ, local_world, workers):
     env = resolve_env(
         {"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": str(local_world), **OUR_LAUNCHER},
         cuda_devices=lambda: 0,
-        ancestors=lambda: {1},
+        ancestors=lambda: [1],
     )
     assert default_num_workers(env, environ) == workers
 
@@ -198,7 +198,7 @@ def _torchrun(local_world: int) -> dict:
 def test_ranks_in_one_slurm_task_share_its_cpus(launch, cpus, workers, threads):
     from hpcddp.dist.group import cpu_threads
 
-    env = resolve_env(launch, cuda_devices=lambda: 0, ancestors=lambda: {1})
+    env = resolve_env(launch, cuda_devices=lambda: 0, ancestors=lambda: [1])
     assert default_num_workers(env, cpus) == workers
     assert cpu_threads(env, cpus) == threads
 

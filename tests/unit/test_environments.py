@@ -12,7 +12,7 @@ from hpcddp.launch.resolve import choose_device, resolve_env
 NO_GPU = lambda: 0  # noqa: E731
 
 
-LAUNCHERS = {77, 991}  # the pids of the local launchers below, as this process's ancestors
+LAUNCHERS = [77, 991]  # the pids of the local launchers below, as this process's ancestors
 OUR_LAUNCHER = {"HPCDDP_LOCAL_JOB_ID": "77"}
 
 
