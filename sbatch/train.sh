@@ -113,10 +113,14 @@ trap 'forward USR2' USR2
 trap 'forward TERM' TERM
 
 # srun's own error lines ("srun: error: n2: task 3: Killed") name the node where a rank died
-# first; they are kept aside, everything still reaches the job's output.
+# first: the step's stderr is copied aside (tee writes through at once) and still reaches the
+# job's output. The copy ignores SIGTERM, so that when a requeue ends the job the ranks' last
+# lines are not lost with it.
 srun_errors=$(mktemp "${TMPDIR:-/tmp}/hpcddp-$SLURM_JOB_ID.XXXXXX")
-exec 3> >(awk -v keep="$srun_errors" '/^srun: error: [^ ]+: tasks? [0-9]/ { print > keep; fflush(keep) }
-    { print > "/dev/stderr"; fflush("/dev/stderr") }')
+exec 3> >(
+    trap '' TERM
+    exec tee -a "$srun_errors" >&2
+)
 errors_pid=$!
 
 # --kill-on-bad-exit: one failed rank ends the step instead of leaving the others hanging.
@@ -132,7 +136,7 @@ while :; do
 done
 exec 3>&-
 wait "$errors_pid" 2>/dev/null || true
-first_error=$(head -n 1 "$srun_errors")
+first_error=$(grep -m 1 -E '^srun: error: [^ ]+: tasks? [0-9]' "$srun_errors" || true)
 rm -f "$srun_errors"
 
 # The ranks stopped with a checkpoint but could not requeue the job themselves (no scontrol
