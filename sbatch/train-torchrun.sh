@@ -137,6 +137,9 @@ exec 3>&-
 wait "$errors_pid" 2>/dev/null || true
 first_error=$(grep -m 1 -E '^srun: error: [^ ]+: tasks? [0-9]' "$srun_errors" || true)
 rm -f "$srun_errors"
+# The first rank to stop ends the others (--kill-on-bad-exit), whose "Terminated" then decides
+# srun's status: what the first one said is the step's answer.
+if [[ $first_error == *": Exited with exit code 75" ]]; then status=75; fi
 
 # The ranks stopped with a checkpoint but could not requeue the job themselves (no scontrol
 # inside their container, say); this shell runs outside it and requeues instead.

@@ -37,7 +37,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     outcome = check(config, args.size_mb)
     if outcome.report is not None:
         print(as_text(outcome.report, outcome.problems), flush=True)
-    if outcome.errors:
+    if outcome.errors:  # rank 0 prints it; the others wait a moment (`hpcddp.cli.main.report`)
         raise agreed(
             HpcddpError(
                 f"hpcddp check found {outcome.errors} error(s): this job would not train. "

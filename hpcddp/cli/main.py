@@ -8,8 +8,10 @@ reaches is printed once: by our local launcher, or by rank 0 (`hpcddp.launch.rep
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 
 from hpcddp import exit_codes
@@ -19,6 +21,7 @@ from hpcddp.launch import reports
 from hpcddp.launch.contexts import claimed_rank
 
 USAGE_ERRORS = (ConfigError, LaunchError, HostlistError)
+AFTER_RANK_ZERO_S = 1.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +52,12 @@ def report(err: HpcddpError, code: int) -> None:
         reports.write(path, found)
     elif reports.should_print(os.environ, own_place=_own_place(err)):
         print(f"hpcddp: error: {err}", file=sys.stderr, flush=True)
+    elif getattr(err, "agreed", False):
+        # Rank 0 prints it. Under `srun --kill-on-bad-exit` the first rank to exit ends the
+        # others, so this one waits a moment (rank 0's line must be out first), and if it is
+        # ended meanwhile it still leaves with the job's status, not as "Terminated".
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
+        time.sleep(AFTER_RANK_ZERO_S)
     # Other ranks have logged it to their own log (RUN_DIR/logs/rank-R.log) already.
 
 

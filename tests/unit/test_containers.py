@@ -136,3 +136,19 @@ def test_bad_input_is_never_retried(job, tmp_path):
     )
     assert done.returncode == 2 and "not requeued: bad input fails on every node" in done.stderr
     assert [c[0] for c in calls(tmp_path, "scontrol")] == ["-o"]
+
+
+# Inside a container a stopped rank cannot requeue: it exits 75, and --kill-on-bad-exit ends
+# the others, so srun itself reports "Terminated" (143).
+STOPPED_SRUN = RECORD + (
+    'echo "srun: error: n2: task 1: Exited with exit code 75" >&2\n'
+    'echo "srun: error: n1: task 0: Terminated" >&2\nexit 143\n'
+)
+
+
+def test_the_first_ranks_exit_75_is_the_steps_answer_and_the_shell_requeues(job, tmp_path):
+    done = job({"container": APPTAINER["container"]}, srun=STOPPED_SRUN)
+    assert done.returncode == 75
+    assert "hpcddp: the step stopped to be requeued; requeueing job 4242" in done.stderr
+    assert calls(tmp_path, "scontrol") == [["requeue", "4242"]]  # no node blamed
+    assert not (tmp_path / "run" / "attempts.jsonl").exists()
