@@ -31,6 +31,7 @@ from hpcddp import __version__, exit_codes
 from hpcddp.config import Config, SlurmConfig
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, HpcddpError, LaunchError
+from hpcddp.slurm.container import pyxis_args, wrapper_args
 from hpcddp.slurm.options import sbatch_options, with_options
 
 _PLACEHOLDER = re.compile(r"\{\{ (\w+) \}\}")
@@ -81,26 +82,17 @@ def setup_lines(lines: Sequence[str]) -> str:
 def container_lines(container: ContainerConfig, gpus_per_node: int) -> str:
     """Bash arrays: ``container`` (the command prefix of every rank) and ``helper`` (how this
     shell runs hpcddp's Python helpers), and for pyxis the srun options that enter the image."""
-    quote = shlex.quote
-    if container.runtime in ("apptainer", "singularity"):
-        args = [container.runtime, "exec", *(["--nv"] if gpus_per_node else [])]
-        args += [arg for path in container.bind for arg in ("--bind", path)]
-        args += [*container.options, container.image]
-        return "\n".join(
-            [
-                f"container=({' '.join(map(quote, args))})",
-                'helper=("${container[@]}" "$PYTHON")',
-            ]
-        )
-    if container.runtime == "pyxis":
-        args = [f"--container-image={container.image}"]
-        args += [f"--container-mounts={','.join(container.bind)}"] if container.bind else []
-        pyxis = " ".join([*map(quote, [*args, *container.options]), '"--container-workdir=$PWD"'])
+    wrapper = wrapper_args(container, gpus_per_node)
+    if wrapper:
+        return f'container=({shlex.join(wrapper)})\nhelper=("${{container[@]}}" "$PYTHON")'
+    pyxis = pyxis_args(container)
+    if pyxis:
+        options = f'{shlex.join(pyxis)} "--container-workdir=$PWD"'
         return "\n".join(
             [
                 "container=()",
-                f"srun_args+=({pyxis})",
-                f'helper=(srun --nodes=1 --ntasks=1 {pyxis} "$PYTHON")',
+                f"srun_args+=({options})",
+                f'helper=(srun --nodes=1 --ntasks=1 {options} "$PYTHON")',
             ]
         )
     return 'container=()\nhelper=("$PYTHON")'

@@ -18,8 +18,10 @@ import logging
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -30,9 +32,11 @@ from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
 from hpcddp.config import Config, SlurmConfig, apply_overrides, from_dict, load_config
+from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, LaunchError
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
+from hpcddp.slurm.container import pyxis_args, wrapper_args
 from hpcddp.slurm.options import refuse_own_option
 
 log = logging.getLogger(__name__)
@@ -190,9 +194,9 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
         "timeout_min": slurm.time_min,
         "slurm_signal_delay_s": slurm.signal_delay_s,
         # One dead rank ends the step instead of leaving the others waiting in a collective.
-        "slurm_srun_args": ["--kill-on-bad-exit=1"],
+        "slurm_srun_args": ["--kill-on-bad-exit=1", *pyxis_args(slurm.container)],
         # Since Slurm 22.05 srun no longer inherits --cpus-per-task; without this, loaders starve.
-        "slurm_setup": ["export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}"],
+        "slurm_setup": ["export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}", *slurm.setup],
         # The trainer checkpoints on SIGUSR2 and requeues with `scontrol requeue`.
         "slurm_additional_parameters": {"requeue": True, **slurm.extra},
     }
@@ -205,6 +209,12 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
     }
     params.update({name: value for name, value in optional.items() if value})
     return params
+
+
+def container_python(container: ContainerConfig, gpus_per_node: int) -> str | None:
+    """The command submitit starts Python with, inside an apptainer/singularity image."""
+    wrapper = wrapper_args(container, gpus_per_node)
+    return shlex.join([*wrapper, sys.executable]) if wrapper else None
 
 
 def _check_extra(extra: Mapping[str, Any]) -> None:
@@ -268,7 +278,9 @@ def _executor(config: Config, cluster: str, **extra: Any) -> submitit.AutoExecut
         )
 
     folder = pathlib.Path(config.run.dir).absolute() / "submitit"
-    executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+    python = container_python(config.slurm.container, config.slurm.gpus_per_node)
+    inside = {"slurm_python": python} if python and cluster == "slurm" else {}
+    executor = submitit.AutoExecutor(folder=folder, cluster=cluster, **inside)
     try:
         executor.update_parameters(**executor_parameters(config.slurm), **extra)
     except (ValueError, NameError, AssertionError) as err:

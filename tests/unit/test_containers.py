@@ -152,3 +152,24 @@ def test_the_first_ranks_exit_75_is_the_steps_answer_and_the_shell_requeues(job,
     assert "hpcddp: the step stopped to be requeued; requeueing job 4242" in done.stderr
     assert calls(tmp_path, "scontrol") == [["requeue", "4242"]]  # no node blamed
     assert not (tmp_path / "run" / "attempts.jsonl").exists()
+
+
+def test_submit_starts_python_inside_apptainer_and_asks_srun_for_pyxis(tmp_path):
+    import shlex
+
+    from hpcddp.slurm import submission
+
+    config = from_dict({"run": {"dir": str(tmp_path)}, "slurm": {**APPTAINER, "gpus_per_node": 1}})
+    assert submission.executor_parameters(config.slurm)["slurm_setup"][1:] == APPTAINER["setup"]
+    executor = submission._executor(config, "slurm")
+    image = shlex.quote(APPTAINER["container"]["image"])
+    assert executor._executor.python == (
+        "apptainer exec --nv --bind /scratch --bind /data:/data:ro --writable-tmpfs "
+        f"{image} {shlex.quote(sys.executable)}"
+    )
+    pyxis = from_dict({"slurm": PYXIS})
+    assert submission.executor_parameters(pyxis.slurm)["slurm_srun_args"] == [
+        "--kill-on-bad-exit=1",
+        "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
+        "--container-mounts=/scratch:/scratch",
+    ]
