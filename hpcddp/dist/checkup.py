@@ -342,8 +342,21 @@ def link_problems(allreduce: Mapping[str, Any]) -> list[Problem]:
 # -- all of it ---------------------------------------------------------------------------------
 
 
+def merge_hosts(found: Sequence[Problem], hosts: Sequence[str]) -> list[Problem]:
+    """One line for a problem several nodes share: ``n[1-4]: ...`` rather than four lines."""
+    merged: dict[tuple[str, str], list[str]] = {}
+    for problem in found:
+        host, sep, rest = problem.text.partition(": ")
+        key = (problem.severity, rest if sep and host in hosts else problem.text)
+        merged.setdefault(key, []).extend([host] if sep and host in hosts else [])
+    return [
+        Problem(severity, f"{_hosts(names)}: {text}" if names else text)
+        for (severity, text), names in merged.items()
+    ]
+
+
 def problems(report: Mapping[str, Any]) -> list[Problem]:
-    """Every problem, errors first."""
+    """Every problem, errors first, one line each."""
     ranks = report["ranks"]
     rules: list[Callable[[], list[Problem]]] = [
         lambda: master_problems(ranks, report["master_ip"]),
@@ -357,5 +370,5 @@ def problems(report: Mapping[str, Any]) -> list[Problem]:
         lambda: pair_problems(report["pairs"]),
         lambda: compute_problems(ranks),
     ]
-    found = [p for rule in rules for p in rule()]
+    found = merge_hosts([p for rule in rules for p in rule()], list(by_host(ranks)))
     return sorted(found, key=lambda p: p.severity != "error")

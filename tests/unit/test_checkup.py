@@ -165,6 +165,16 @@ def test_srun_cpus_per_task_pitfall_and_starving_loaders():
     )
 
 
+def test_a_problem_every_node_has_is_one_line_naming_them_all():
+    starving = {"workers": 8, "cpus": 4, "slurm_cpus_per_task": 0}
+    found = checkup.problems(report(with_ranks(n1=starving, n2=starving)))
+    assert lines(found) == [
+        "warning: n[1-2]: data.num_workers gives each rank 8 loader worker(s) on 4 CPU(s), so "
+        "loaders and training fight for them. Fix: data.num_workers=-1 (CPUs minus one), or more "
+        "--cpus-per-task."
+    ]
+
+
 def test_a_run_dir_other_nodes_cannot_see_is_an_error():
     (found,) = checkup.resource_problems(with_ranks(n2={"sees_run_dir": False}))
     assert found.line().startswith("error: n2 cannot see the files rank 0 writes in run.dir")
