@@ -148,9 +148,9 @@ def meet(
     """
     restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefix = prefix or f"hpcddp/rdzv/{restart}/{next(_rounds)}"
-    if env.rank != 0 and store.add(f"{prefix}/claim/{env.rank}", 1) > 1:
-        store.set(f"{prefix}/duplicate", json.dumps([env.rank, env.hostname]))
-    store.set(f"{prefix}/hello/{env.rank}", json.dumps(dataclasses.asdict(mine)))
+    # Hellos are numbered in order of arrival, so rank 0 reads each once: O(world) requests.
+    arrival = store.add(f"{prefix}/arrivals", 1)
+    store.set(f"{prefix}/arrived/{arrival}", json.dumps(dataclasses.asdict(mine)))
     everyone = _decide(store, prefix, env, timeout_s, override) if env.rank == 0 else {}
     store.wait([f"{prefix}/plan"], datetime.timedelta(seconds=timeout_s + 60))
     plan = json.loads(store.get(f"{prefix}/plan"))
@@ -189,13 +189,16 @@ def _gather(
 ) -> tuple[dict[int, Hello], list[str] | None]:
     """Every rank's hello, or a refusal as soon as one is certain (at the latest on timeout)."""
     hellos: dict[int, Hello] = {}
-    deadline = time.monotonic() + timeout_s
+    read, deadline = 0, time.monotonic() + timeout_s
     while True:
-        for rank in range(env.world_size):
-            key = f"{prefix}/hello/{rank}"
-            if rank not in hellos and store.check([key]):
-                hellos[rank] = Hello(**json.loads(store.get(key)))
-        refusal = _early_refusal(store, prefix, env, hellos)
+        arrived = store.add(f"{prefix}/arrivals", 0)
+        for number in range(read + 1, arrived + 1):  # set right after its number was taken
+            hello = Hello(**json.loads(store.get(f"{prefix}/arrived/{number}")))
+            if hello.rank in hellos:
+                return hellos, _duplicate(hello, hellos[hello.rank])
+            hellos[hello.rank] = hello
+        read = arrived
+        refusal = _early_refusal(env, hellos)
         if refusal is not None or len(hellos) == env.world_size:
             return hellos, refusal or _refusals(hellos)
         if time.monotonic() > deadline:
@@ -203,20 +206,20 @@ def _gather(
         time.sleep(POLL_S)
 
 
-def _early_refusal(
-    store: dist.Store, prefix: str, env: DistEnv, hellos: Mapping[int, Hello]
-) -> list[str] | None:
+def _duplicate(hello: Hello, first: Hello) -> list[str]:
+    return [
+        "LaunchError",
+        f"rank {hello.rank} was claimed by two processes (on {first.host} and {hello.host}): "
+        "two launchers numbered the same processes (submitit's local executor inside srun?). "
+        "HINT: start each rank once: one task per rank with srun, or one local launcher "
+        "outside srun.",
+    ]
+
+
+def _early_refusal(env: DistEnv, hellos: Mapping[int, Hello]) -> list[str] | None:
     """Refusals that need not wait for everyone: ranks that disagree on the world."""
-    if store.check([f"{prefix}/duplicate"]):
-        rank, host = json.loads(store.get(f"{prefix}/duplicate"))
-        return [
-            "LaunchError",
-            f"rank {rank} was claimed by two processes (one on {host}): two launchers numbered "
-            "the same processes (submitit's local executor inside srun?). HINT: start each "
-            "rank once: one task per rank with srun, or one local launcher outside srun.",
-        ]
     for hello in hellos.values():
-        if hello.world_size != env.world_size:
+        if hello.world_size != env.world_size or not 0 <= hello.rank < env.world_size:
             return [
                 "LaunchError",
                 f"rank {hello.rank} on {hello.host} believes the world has {hello.world_size} "

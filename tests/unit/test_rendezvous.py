@@ -188,6 +188,17 @@ def test_ranks_that_disagree_on_the_world_refuse_at_once():
     assert "rank 1 on h1 believes the world has 2 ranks" in str(results[0])
 
 
+def test_a_rank_claimed_twice_is_refused_at_once():
+    hellos = {
+        0: local_hello(0),
+        1: local_hello(1),
+        2: dataclasses.replace(local_hello(1), host="x"),
+    }
+    results, took = meet_all(3, hellos, timeout_s=300)
+    assert took < 10
+    assert "rank 1 was claimed by two processes (on h1 and x)" in str(results[0])
+
+
 def test_missing_ranks_are_named_after_the_timeout():
     results, took = meet_all(3, {0: local_hello(0), 1: local_hello(1)}, timeout_s=2)
     assert isinstance(results[0], DistributedError) and took < 20
