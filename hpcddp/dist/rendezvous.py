@@ -165,9 +165,7 @@ def agreed_error(kind: str, message: str) -> HpcddpError:
     cls = getattr(errors, kind, None)
     if not (isinstance(cls, type) and issubclass(cls, HpcddpError)):
         cls = DistributedError
-    err: HpcddpError = cls(message)
-    err.agreed = True  # type: ignore[attr-defined]  # every rank has it; rank 0 prints it
-    return err
+    return errors.agreed(cls(message))
 
 
 def _decide(

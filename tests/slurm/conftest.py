@@ -111,6 +111,14 @@ class SlurmCluster:
         fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
         return self.run("scontrol", "show", "hostnames", fields["NodeList"]).stdout.split()
 
+    def release(self, job_id: str) -> None:
+        """Lift the ~120 s hold (BeginTime) Slurm puts on a requeued, pending job.
+
+        Not to ``now``: a start within the second of the requeue is killed by Slurm
+        ("Killing non-startable batch job: Job credential revoked", measured on 22.05).
+        """
+        self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now+2")
+
     def wait_for(self, job_id: str, states: set[str], timeout: float = 300) -> str:
         """Poll until the job reaches one of ``states``; return the state."""
         deadline = time.monotonic() + timeout

@@ -51,7 +51,7 @@ def test_the_failing_node_is_excluded_on_requeue_and_the_run_completes(slurm_clu
         assert job_fields(slurm_cluster, job_id)["Restarts"] == "1"
         slurm_cluster.wait_for(job_id, {"PENDING"}, timeout=60)
         # Slurm holds a requeued job ~120 s (BeginTime); only someone outside the job can lift it
-        slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        slurm_cluster.release(job_id)
         slurm_cluster.wait_for(job_id, {"RUNNING", "COMPLETED"}, timeout=120)
         running = time.monotonic() - died
         final = slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)

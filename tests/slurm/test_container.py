@@ -68,7 +68,7 @@ def test_a_containerised_job_is_preempted_requeued_by_its_shell_and_resumes_exac
             timeout=180,
         )
         slurm_cluster.wait_for(job_id, {"PENDING"}, timeout=60)
-        slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        slurm_cluster.release(job_id)
         final = slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
         slurm_cluster.wait_for(reference, {"COMPLETED"}, timeout=300)
     finally:
