@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from hpcddp.dist import rendezvous
 from hpcddp.dist.rendezvous import Meeting, Network
-from hpcddp.errors import HpcddpError
+from hpcddp.errors import DistributedError, HpcddpError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.netif import IFNAME_VARS
 from hpcddp.launch.resolve import cpus_for_this_rank
@@ -140,7 +140,10 @@ def joined(
     try:
         torch.set_num_threads(cpu_threads(env))
         device = bind_device(env)
-        init_group(env, timeout, store if meeting else None)
+        try:
+            init_group(env, timeout, store if meeting else None)
+        except Exception as err:  # gloo and NCCL raise several unrelated types here
+            raise _join_error(env, meeting, err, timeout_s) from err
         finished = False
         try:
             yield Joined(device, meeting)
@@ -149,6 +152,21 @@ def joined(
             leave_together(finished)
     finally:
         restore_env(previous)
+
+
+def _join_error(
+    env: DistEnv, meeting: Meeting | None, err: Exception, timeout_s: float
+) -> DistributedError:
+    """The ranks met, but their backend could not connect: say over what, and what to check."""
+    text = str(err).strip().splitlines()
+    over = f" over {meeting.network.interface} ({meeting.network.address})" if meeting else ""
+    return DistributedError(
+        f"rank {env.rank} on {env.hostname} met the others but {env.backend} could not connect "
+        f"them{over} within {timeout_s:.0f} s: {text[0] if text else type(err).__name__}. "
+        "HINT: the nodes must reach each other on every port of that interface (a firewall "
+        "between nodes?); `hpcddp check` with the same resources names the node, and "
+        "dist.socket_ifname picks another interface."
+    )
 
 
 @contextlib.contextmanager

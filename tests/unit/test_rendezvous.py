@@ -204,3 +204,20 @@ def test_missing_ranks_are_named_after_the_timeout():
     assert isinstance(results[0], DistributedError) and took < 20
     assert "rank 2 never reached the rendezvous" in str(results[0])
     assert str(results[1]) == str(results[0])
+
+
+def test_a_backend_that_cannot_connect_after_the_meeting_says_over_which_interface(monkeypatch):
+    def refuse(*args):
+        raise RuntimeError("Gloo connectFullMesh failed with ... SO_ERROR: Connection refused")
+
+    monkeypatch.setattr(group, "init_group", refuse)
+    with pytest.raises(DistributedError) as err, group.joined(env_of(0, 1, 0), 30):
+        pass
+    assert str(err.value).startswith(
+        "rank 0 on h met the others but gloo could not connect them within 30 s: "
+        "Gloo connectFullMesh failed"
+    )
+    network = Network("ens4", "10.0.0.12", "route to the master", "10.0.0.11")
+    meeting = rendezvous.Meeting(network, {})
+    message = str(group._join_error(env_of(2, 4, 0), meeting, RuntimeError("x"), 300))
+    assert "could not connect them over ens4 (10.0.0.12) within 300 s: x. HINT" in message
