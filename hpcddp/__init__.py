@@ -27,6 +27,7 @@ _EXPORTS = {
     "Trainer": "hpcddp.train.trainer",
     "download": "hpcddp.dist.download",
     "main_process_first": "hpcddp.dist.download",
+    "stage": "hpcddp.dist.staging",
     "submit": "hpcddp.slurm.submission",
     "sweep": "hpcddp.slurm.submission",
     "HpcddpError": "hpcddp.errors",

@@ -38,3 +38,13 @@ class PeerLostError(DistributedError):
 
 class NonFiniteError(HpcddpError):
     """Training produced a NaN/inf loss or gradient, and train.nonfinite says stop."""
+
+
+def agreed(err: HpcddpError) -> HpcddpError:
+    """Mark an error that every rank of the job reaches alike: rank 0 alone prints it.
+
+    Without the mark a launch error is printed by each rank that has it, since only that rank
+    knows its own place in the job.
+    """
+    err.agreed = True  # type: ignore[attr-defined]
+    return err

@@ -39,7 +39,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         value = getattr(more, name) if getattr(more, name) is not None else getattr(args, name)
         if value is not None:
             options[option.field] = value
-    job = submit(config_path, overrides, cluster=more.cluster or args.cluster, **options)
+    check = more.check or args.check
+    job = submit(
+        config_path, overrides, cluster=more.cluster or args.cluster, check=check, **options
+    )
     job_name = f"local-{job.job_id}" if _is_local(job) else job.job_id
     print(job_name, flush=True)
     print(
@@ -57,6 +60,11 @@ def _add_submit_options(parser: argparse.ArgumentParser) -> None:
         choices=("slurm", "local"),
         default=None,
         help="where to run (default: Slurm when sbatch and a controller answer, else this machine)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="submit the pre-flight (hpcddp check) with these resources instead of training",
     )
 
 

@@ -8,17 +8,20 @@ reaches is printed once: by our local launcher, or by rank 0 (`hpcddp.launch.rep
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 
 from hpcddp import exit_codes
-from hpcddp.cli import jobs, plot, sbatch, train
+from hpcddp.cli import check, jobs, plot, sbatch, train
 from hpcddp.errors import ConfigError, HostlistError, HpcddpError, LaunchError, PeerLostError
 from hpcddp.launch import reports
 from hpcddp.launch.contexts import claimed_rank
 
 USAGE_ERRORS = (ConfigError, LaunchError, HostlistError)
+AFTER_RANK_ZERO_S = 1.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     sbatch.add_parser(sub)
     jobs.add_parsers(sub)  # submit, status, logs
     plot.add_parser(sub)
+    check.add_parser(sub)
     return parser
 
 
@@ -46,9 +50,21 @@ def report(err: HpcddpError, code: int) -> None:
             rank, socket.gethostname(), code, str(err), isinstance(err, PeerLostError)
         )
         reports.write(path, found)
-    elif reports.should_print(os.environ, own_place=isinstance(err, (LaunchError, HostlistError))):
+    elif reports.should_print(os.environ, own_place=_own_place(err)):
         print(f"hpcddp: error: {err}", file=sys.stderr, flush=True)
+    elif getattr(err, "agreed", False):
+        # Rank 0 prints it. Under `srun --kill-on-bad-exit` the first rank to exit ends the
+        # others, so this one waits a moment (rank 0's line must be out first), and if it is
+        # ended meanwhile it still leaves with the job's status, not as "Terminated".
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
+        time.sleep(AFTER_RANK_ZERO_S)
     # Other ranks have logged it to their own log (RUN_DIR/logs/rank-R.log) already.
+
+
+def _own_place(err: HpcddpError) -> bool:
+    """An error about this process's own place in the job, which only it can print; not one
+    every rank reached alike (``agreed``: rank 0 prints those)."""
+    return isinstance(err, (LaunchError, HostlistError)) and not getattr(err, "agreed", False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,7 +22,9 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
         )
     options = {name: getattr(args, name) for name in OPTIONS}
     config = load_config(config_path, overrides)
-    script = render(config, config_path, overrides, python=args.python, options=options)
+    script = render(
+        config, config_path, overrides, python=args.python, options=options, check=args.check
+    )
     if args.dry_run:
         print(script, end="")
         return exit_codes.OK
@@ -52,4 +54,9 @@ def add_parser(subparsers: "argparse._SubParsersAction[Any]") -> None:
         help="the Python the job runs (default: this one, %(default)s)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="run the pre-flight (hpcddp check) with these resources instead of training",
+    )
     parser.set_defaults(func=cmd_sbatch)

@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import sys
 import tempfile
@@ -27,22 +28,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(reference.as_text(), end="", flush=True)
         return exit_codes.OK
     config_path, overrides = split_config_and_overrides(args.items, args.config)
-    if args.nproc is None:
-        config = load_config(config_path, overrides)  # bad input is refused before torch loads
-        from hpcddp.train.trainer import Trainer
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise ConfigError(
+                f"--nproc must be >= 1, got {args.nproc}. "
+                "HINT: leave it out to train in this process."
+            )
+        from hpcddp.launch.local import launch
 
-        return exit_code(Trainer(config=config).fit())
-    if args.nproc < 1:
-        raise ConfigError(
-            f"--nproc must be >= 1, got {args.nproc}. HINT: leave it out to train in this process."
-        )
-    from hpcddp.launch.local import launch
+        with _readable_by_children(config_path) as shared:
+            load_config(shared, overrides)  # fail here, once, before any process starts
+            return launch(
+                ["train", *([f"--config={shared}"] if shared else []), *overrides], args.nproc
+            )
+    config = load_config(config_path, overrides)  # bad input is refused before torch loads
+    from hpcddp.launch.local import watch_launcher
+    from hpcddp.train.trainer import Trainer
 
-    with _readable_by_children(config_path) as shared:
-        load_config(shared, overrides)  # fail here, once, before any process starts
-        return launch(
-            ["train", *([f"--config={shared}"] if shared else []), *overrides], args.nproc
-        )
+    watch_launcher(os.environ)  # under --nproc: end with the launcher, even a killed one
+    return exit_code(Trainer(config=config).fit())
 
 
 @contextlib.contextmanager

@@ -34,22 +34,30 @@ def _default_text(value: Any) -> str:
     return json.dumps(value)
 
 
+def _rows(prefix: str, cls: type, values: Any) -> list[Row]:
+    """One row per field; a nested section (``slurm.container``) gives its fields' rows."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        kind, value = field_types(cls)[f.name], getattr(values, f.name)
+        if dataclasses.is_dataclass(kind):
+            rows += _rows(f"{prefix}.{f.name}", kind, value)  # type: ignore[arg-type]
+        else:
+            rows.append(
+                Row(f"{prefix}.{f.name}", type_name(kind), _default_text(value), field_help(f))
+            )
+    return rows
+
+
 def sections() -> Iterator[tuple[str, str, list[Row]]]:
     """(section name, what it is for, its rows) in the order the config declares them."""
     defaults = Config()
     for section in dataclasses.fields(Config):
         cls = field_types(Config)[section.name]
-        values = getattr(defaults, section.name)
-        rows = [
-            Row(
-                f"{section.name}.{f.name}",
-                type_name(field_types(cls)[f.name]),
-                _default_text(getattr(values, f.name)),
-                field_help(f),
-            )
-            for f in dataclasses.fields(cls)
-        ]
-        yield section.name, field_help(section), rows
+        yield (
+            section.name,
+            field_help(section),
+            _rows(section.name, cls, getattr(defaults, section.name)),
+        )
 
 
 def as_text() -> str:

@@ -82,6 +82,16 @@ class RunConfig:
     seed: int = setting(0, "seeds weights, data order and every rank's random streams")
     resume: bool = setting(True, "continue from the latest complete checkpoint in run.dir")
     force: bool = setting(False, "resume into a run directory written by a different config")
+    overwrite: bool = setting(
+        False,
+        "with resume=false, move an existing run directory aside (RUN_DIR.old-TIME) "
+        "instead of refusing to start",
+    )
+    same_code: bool = setting(
+        False,
+        "refuse to resume when the code (git commit, diff) or torch/hpcddp versions differ "
+        "from the run's; false: warn in one line",
+    )
 
     def __post_init__(self) -> None:
         if not self.dir.strip():
@@ -220,6 +230,11 @@ class DistConfig:
     gradient_as_bucket_view: bool = setting(
         True, "DDP: gradients live in the buckets (less memory)"
     )
+    socket_ifname: str = setting(
+        "",
+        "network interface for gloo/NCCL (sets GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); a "
+        "comma list takes the first each node has; empty: the one that routes to the master",
+    )
 
     def __post_init__(self) -> None:
         if self.backend:
@@ -271,6 +286,40 @@ class TaskConfig:
                 )
 
 
+CONTAINER_RUNTIMES = ("", "apptainer", "singularity", "pyxis")
+
+
+def _strings(where: str, values: object) -> None:
+    """Raise unless ``values`` is a list of strings (YAML lists are not type-checked on load)."""
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ConfigError(
+            f"{where} must be a list of strings, got {values!r}. "
+            f"HINT: {where}: ['first', 'second'] in YAML, or {where}=[first,second]."
+        )
+
+
+@dataclasses.dataclass(kw_only=True)
+class ContainerConfig:
+    """The container every rank runs in; the batch shell (and requeueing) stays outside it."""
+
+    runtime: str = setting(
+        "", "apptainer, singularity or pyxis (srun --container-image); empty: none"
+    )
+    image: str = setting("", "the image: a .sif path (apptainer/singularity) or a pyxis image name")
+    bind: list[str] = setting_from(list, "paths to mount, src[:dst], e.g. /scratch:/scratch")
+    options: list[str] = setting_from(list, "more arguments for the runtime (apptainer exec ...)")
+
+    def __post_init__(self) -> None:
+        _one_of("slurm.container", "runtime", self.runtime, CONTAINER_RUNTIMES)
+        _strings("slurm.container.bind", self.bind)
+        _strings("slurm.container.options", self.options)
+        if self.runtime and not self.image:
+            raise ConfigError(
+                f"slurm.container.runtime={self.runtime} needs an image. "
+                "HINT: set slurm.container.image=<path to .sif or image name>."
+            )
+
+
 @dataclasses.dataclass(kw_only=True)
 class SlurmConfig:
     """What to ask Slurm for when hpcddp submits the job."""
@@ -292,6 +341,15 @@ class SlurmConfig:
         "or torchrun (a task per node); submit() uses srun",
     )
     extra: dict[str, Any] = setting_from(dict, "more sbatch options, name: value (true: a flag)")
+    max_failures: int = setting(
+        2,
+        "when a rank dies (not a preemption), requeue the job without the failing node at most "
+        "this many times, and not after a retry that gained no step; 0: never",
+    )
+    setup: list[str] = setting_from(
+        list, "shell lines the job script runs before the ranks start (module load, exports)"
+    )
+    container: ContainerConfig = setting_from(ContainerConfig, "the container the ranks run in")
 
     def __post_init__(self) -> None:
         _positive(
@@ -306,8 +364,14 @@ class SlurmConfig:
             gpus_per_node=self.gpus_per_node,
             mem_gb=self.mem_gb,
             signal_delay_s=self.signal_delay_s,
+            max_failures=self.max_failures,
         )
         _one_of("slurm", "launcher", self.launcher, LAUNCHERS)
+        _strings("slurm.setup", self.setup)
+        if any("\n" in line for line in self.setup):
+            raise ConfigError(
+                "slurm.setup lines may not contain newlines. HINT: one list item per line."
+            )
 
 
 TRACKING_BACKENDS = ("tensorboard", "wandb", "mlflow")

@@ -1,36 +1,61 @@
-"""The process group's whole life in one place: export, bind, init with a timeout, destroy.
+"""The process group's whole life in one place: meet, export, bind, init with a timeout, destroy.
 
 ``os.environ`` is written here and nowhere else, so what torch reads is exactly what
-`resolve_env` decided. The group is always destroyed, so a finished or failed run never leaves
-a rank blocked on a peer that already left.
+`resolve_env` and the rendezvous (`hpcddp.dist.rendezvous`) decided. The group is always
+destroyed, so a finished or failed run never leaves a rank blocked on a peer that already left.
 """
 
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 
+from hpcddp.dist import rendezvous
+from hpcddp.dist.rendezvous import Meeting, Network
+from hpcddp.errors import DistributedError, HpcddpError
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.launch.netif import IFNAME_VARS
 from hpcddp.launch.resolve import cpus_for_this_rank
-from hpcddp.errors import DistributedError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 300.0  # five minutes, not gloo's thirty: a hang should end soon
 
 
-def export_env(env: DistEnv) -> dict[str, str | None]:
-    """Write the ``env://`` variables for torch and for libraries that read them.
+@dataclasses.dataclass(frozen=True)
+class Joined:
+    """What joining gave this rank: its device and how it reaches the others."""
+
+    device: torch.device
+    meeting: Meeting | None  # None in a world of one
+
+
+def network_env(network: Network, environ: Mapping[str, str]) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME for the chosen interface.
+
+    A variable the user set is left alone, unless the config (``dist.socket_ifname``) chose;
+    NCCL reads its value as a prefix, so ``=`` asks it for exactly this name.
+    """
+    wanted = {"GLOO_SOCKET_IFNAME": network.interface, "NCCL_SOCKET_IFNAME": f"={network.interface}"}
+    forced = network.chosen_by == "dist.socket_ifname"
+    return {name: value for name, value in wanted.items() if forced or not environ.get(name)}
+
+
+def export_env(env: DistEnv, network: Network | None = None) -> dict[str, str | None]:
+    """Write the ``env://`` variables (and the interface) for torch and libraries that read them.
 
     Returns what they were before, so the process can be put back as it was.
     """
     exported = env.torch_env()
-    previous = {name: os.environ.get(name) for name in exported}
+    if network is not None:
+        exported.update(network_env(network, os.environ))
+    previous = {name: os.environ.get(name) for name in [*exported, *IFNAME_VARS]}
     os.environ.update(exported)
     return previous
 
@@ -44,7 +69,7 @@ def restore_env(previous: dict[str, str | None]) -> None:
             os.environ[name] = value
 
 
-def cpu_threads(env: DistEnv, environ=os.environ) -> int:
+def cpu_threads(env: DistEnv, environ: Mapping[str, str] = os.environ) -> int:
     """Intra-op threads per rank: OMP_NUM_THREADS, else this rank's share of its Slurm task's
     CPUs (`cpus_for_this_rank`), else of this node's cores.
 
@@ -67,50 +92,88 @@ def bind_device(env: DistEnv) -> torch.device:
     return device
 
 
-def init_process_group(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """Join the job's process group; a world of one needs no port and uses an in-memory store."""
-    timeout = datetime.timedelta(seconds=timeout_s)
+def init_group(env: DistEnv, timeout: datetime.timedelta, store: dist.Store | None) -> None:
+    """init_process_group on the rendezvous store (an in-memory one in a world of one)."""
     device_id = torch.device(env.device) if env.backend == "nccl" else None
-    if env.world_size == 1:
-        dist.init_process_group(env.backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout, device_id=device_id)
-        return
-    log.info("joining process group: rank %d/%d via %s:%d (%s)", env.rank, env.world_size,
-             env.master_addr, env.master_port, env.backend)
-    try:
-        dist.init_process_group(env.backend, init_method="env://", rank=env.rank,
-                                world_size=env.world_size, timeout=timeout, device_id=device_id)
-    except Exception as err:  # torch raises several unrelated types here
-        if "EADDRINUSE" in str(err) or "address already in use" in str(err).lower():
-            raise DistributedError(
-                f"MASTER_PORT {env.master_port} on {env.hostname} is already in use by another "
-                "process, so rank 0 cannot serve the rendezvous there. HINT: export "
-                "MASTER_PORT=<a free port in 20000-32767> (`ss -ltn` lists the ports in use), or "
-                "let hpcddp derive one by unsetting MASTER_PORT.") from err
-        raise DistributedError(
-            f"rank {env.rank} on {env.hostname} could not join the process group at "
-            f"{env.master_addr}:{env.master_port} within {timeout_s:.0f} s: {err}. HINT: check "
-            "that every rank runs (srun, not the batch shell), that the master host is reachable, "
-            "and that MASTER_PORT is free (set MASTER_PORT to choose another)."
-        ) from err
+    dist.init_process_group(
+        env.backend,
+        store=store if store is not None else dist.HashStore(),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+        device_id=device_id,
+    )
+
+
+def meet(
+    env: DistEnv,
+    timeout_s: float,
+    socket_ifname: str = "",
+    refusal: HpcddpError | None = None,
+) -> tuple[dist.Store, Meeting]:
+    """Connect to the job's store and agree on every rank's network (or refuse, all at once)."""
+    store = rendezvous.connect_store(env, timeout_s, os.environ)
+    mine = rendezvous.hello_of(env, os.environ, refusal)
+    return store, rendezvous.meet(store, env, mine, timeout_s, socket_ifname)
 
 
 @contextlib.contextmanager
-def process_group(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[torch.device]:
-    """Export, bind, join; yield the device; always leave the group, cleanly when possible."""
-    previous = export_env(env)
+def joined(
+    env: DistEnv,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    socket_ifname: str = "",
+    refusal: HpcddpError | None = None,
+) -> Iterator[Joined]:
+    """Meet, export, bind, join; yield the device and network; always leave, cleanly if possible.
+
+    ``refusal`` is this rank's own reason not to run (found before joining): it is told to
+    every rank at the rendezvous, so all of them stop at once with the same error.
+    """
+    timeout = datetime.timedelta(seconds=timeout_s)
+    meeting = None
+    if env.world_size > 1:
+        store, meeting = meet(env, timeout_s, socket_ifname, refusal)
+    elif refusal is not None:
+        raise refusal
+    previous = export_env(env, meeting.network if meeting else None)
     try:
         torch.set_num_threads(cpu_threads(env))
         device = bind_device(env)
-        init_process_group(env, timeout_s)
+        try:
+            init_group(env, timeout, store if meeting else None)
+        except Exception as err:  # gloo and NCCL raise several unrelated types here
+            raise _join_error(env, meeting, err, timeout_s) from err
         finished = False
         try:
-            yield device
+            yield Joined(device, meeting)
             finished = True
         finally:
             leave_together(finished)
     finally:
         restore_env(previous)
+
+
+def _join_error(
+    env: DistEnv, meeting: Meeting | None, err: Exception, timeout_s: float
+) -> DistributedError:
+    """The ranks met, but their backend could not connect: say over what, and what to check."""
+    text = str(err).strip().splitlines()
+    over = f" over {meeting.network.interface} ({meeting.network.address})" if meeting else ""
+    return DistributedError(
+        f"rank {env.rank} on {env.hostname} met the others but {env.backend} could not connect "
+        f"them{over} within {timeout_s:.0f} s: {text[0] if text else type(err).__name__}. "
+        "HINT: the nodes must reach each other on every port of that interface (a firewall "
+        "between nodes?); `hpcddp check` with the same resources names the node, and "
+        "dist.socket_ifname picks another interface."
+    )
+
+
+@contextlib.contextmanager
+def process_group(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[torch.device]:
+    """Meet, export, bind, join; yield the device; always leave the group, cleanly if possible."""
+    with joined(env, timeout_s) as done:
+        yield done.device
 
 
 def leave_together(finished: bool, timeout_s: float = 60.0) -> None:

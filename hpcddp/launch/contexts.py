@@ -6,11 +6,12 @@ they are tried in. The rules must be exact: a guessed rank or a ``localhost`` ma
 every node train alone, or hangs init forever.
 """
 
+import pathlib
 import re
 from collections.abc import Mapping
 
-from hpcddp.errors import HostlistError, LaunchError
-from hpcddp.launch import hostlist
+from hpcddp.errors import HostlistError, LaunchError, agreed
+from hpcddp.launch import hostlist, leftovers
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.ports import derive_port
 
@@ -35,7 +36,23 @@ HINTS = {
     "(in sbatch/train.sh this is done for you).",
     "local": "use `hpcddp train --nproc N`, which starts and numbers the local processes.",
     "single": "launch through `srun` (one task per rank) or `hpcddp train --nproc N`.",
+    "wrapper": "export LOCAL_RANK and LOCAL_WORLD_SIZE in your wrapper as well (torchrun sets "
+    "them), or drop RANK and WORLD_SIZE and start one task per rank with srun: hpcddp reads "
+    "Slurm's own variables.",
 }
+
+
+def _refuse_loopback_master(addr: str | None, num_nodes: int, context: str) -> None:
+    """A loopback MASTER_ADDR (``localhost`` left in a shell) splits a multi-node job in parts."""
+    if addr is not None and num_nodes > 1 and leftovers.is_loopback_name(addr):
+        raise agreed(
+            LaunchError(
+                f"{context}: MASTER_ADDR={addr} but this job spans {num_nodes} nodes: every node "
+                "would look for the master on itself (an export left in your shell or "
+                "~/.bashrc?). HINT: unset MASTER_ADDR (hpcddp then uses the host of rank 0), or "
+                "export MASTER_ADDR=<the host of rank 0>."
+            )
+        )
 
 
 def _explicit_master(environ: Mapping[str, str], context: str) -> tuple[str | None, int | None]:
@@ -62,12 +79,28 @@ class TorchrunContext:
 
     @staticmethod
     def resolve(environ: Mapping[str, str]) -> DistEnv:
-        """Read torchrun's variables as they are; it already agreed on them."""
+        """Read torchrun's variables as they are; it already agreed on them.
+
+        A wrapper that sets RANK and WORLD_SIZE itself (no TORCHELASTIC_RUN_ID) and only copies
+        a Slurm step's numbers is that step: the step's variables give what it left out.
+        """
+        wrapper = "TORCHELASTIC_RUN_ID" not in environ
+        if wrapper and SlurmStepContext.detect(environ) and _mirrors_step(environ):
+            return SlurmStepContext.resolve(environ)
+        missing = [n for n in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if not environ.get(n)]
+        if wrapper and missing:
+            raise LaunchError(
+                f"RANK={environ.get('RANK')} and WORLD_SIZE={environ.get('WORLD_SIZE')} are set "
+                f"by a launcher that is not torchrun (no TORCHELASTIC_RUN_ID), without "
+                f"{' or '.join(missing)}: this process cannot tell how many ranks share its node, "
+                f"so neither its GPU nor its CPU share. HINT: {HINTS['wrapper']}"
+            )
         rank = _int(environ, "RANK", "torchrun")
         world_size = _int(environ, "WORLD_SIZE", "torchrun")
         local_rank = _int(environ, "LOCAL_RANK", "torchrun")
         local_world = _int(environ, "LOCAL_WORLD_SIZE", "torchrun")
         addr, port = _explicit_master(environ, "torchrun")
+        _refuse_loopback_master(addr, -(-world_size // max(local_world, 1)), "torchrun")
         if addr is None or port is None:
             raise LaunchError(
                 "torchrun: MASTER_ADDR and MASTER_PORT must both be set next to RANK="
@@ -92,6 +125,15 @@ class TorchrunContext:
         )
 
 
+def _mirrors_step(environ: Mapping[str, str]) -> bool:
+    """RANK and WORLD_SIZE (and LOCAL_RANK, if set) are the step's own numbers."""
+    same = environ.get("RANK") == environ.get("SLURM_PROCID") and environ.get(
+        "WORLD_SIZE"
+    ) == environ.get("SLURM_STEP_NUM_TASKS")
+    local = environ.get("LOCAL_RANK")
+    return same and (not local or local == environ.get("SLURM_LOCALID"))
+
+
 class SlurmStepContext:
     """One task of an ``srun`` step: the step-scoped variables describe the world."""
 
@@ -113,8 +155,10 @@ class SlurmStepContext:
         per_node = parse_tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
         _check_step_geometry(world_size, nodes, per_node, node_rank)
         addr, port = _explicit_master(environ, "slurm")
+        _refuse_loopback_master(addr, len(nodes), "slurm")
+        first = addr or _rank0_host(environ, nodes)
         if addr is None and rank == 0:
-            _check_rank0_on_first_host(nodes, node_rank)
+            _check_rank0_on_first_host(nodes, node_rank, first)
         job_id = environ.get("SLURM_JOB_ID", "")
         if port is None:
             port = derive_port(
@@ -127,7 +171,7 @@ class SlurmStepContext:
             local_world_size=per_node[node_rank],
             node_rank=node_rank,
             num_nodes=len(nodes),
-            master_addr=addr or nodes[0],
+            master_addr=first,
             master_port=port,
             launcher="slurm",
             job_id=job_id,
@@ -145,13 +189,33 @@ def _step_nodes(environ: Mapping[str, str]) -> list[str]:
         raise LaunchError(f"slurm: SLURM_STEP_NODELIST={expr!r}: {err}") from None
 
 
-def _check_rank0_on_first_host(nodes: list[str], node_rank: int) -> None:
-    """The derived master is the step's first host: only rank 0 can tell if it runs elsewhere."""
-    if node_rank != 0:
+def _rank0_host(environ: Mapping[str, str], nodes: list[str]) -> str:
+    """Where rank 0 runs: the step's first host, or the hostfile's first line under
+    ``--distribution=arbitrary`` (which every task sees, so every rank agrees)."""
+    if not environ.get("SLURM_DISTRIBUTION", "").startswith("arbitrary"):
+        return nodes[0]
+    path = environ.get("SLURM_HOSTFILE", "")
+    try:
+        lines = pathlib.Path(path).read_text().split("\n") if path else []
+        first = next(line.split("#")[0].strip() for line in lines if line.split("#")[0].strip())
+        return hostlist.expand(first.split("*")[0])[0]
+    except (OSError, StopIteration, HostlistError, IndexError):
+        raise agreed(
+            LaunchError(
+                f"slurm: --distribution=arbitrary places rank 0 on the first host of "
+                f"SLURM_HOSTFILE={path or '(unset)'}, which cannot be read here. HINT: put the "
+                "hostfile on a file system every node sees, or export MASTER_ADDR=<host of rank 0>."
+            )
+        ) from None
+
+
+def _check_rank0_on_first_host(nodes: list[str], node_rank: int, expected: str) -> None:
+    """The derived master is where rank 0 should be: only rank 0 can tell if it runs elsewhere."""
+    if nodes[node_rank] != expected:
         raise LaunchError(
             f"slurm: rank 0 runs on node {node_rank} ({nodes[node_rank]}) of the step, not on "
-            f"its first host {nodes[0]}, where the other ranks will look for it (arbitrary "
-            "distribution or SLURM_HOSTFILE?). HINT: use --distribution=block or cyclic, or "
+            f"{expected}, where the other ranks will look for it (a distribution that moves "
+            "rank 0?). HINT: use --distribution=block or cyclic, or "
             "export MASTER_ADDR=<host of rank 0>."
         )
 
@@ -217,8 +281,23 @@ class LocalContext:
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str]) -> DistEnv:
-        """All processes share this host, so the loopback address is a fact, not a guess."""
+        """All processes share this host, so the loopback address is a fact, not a guess.
+
+        The local launcher started this process, so its numbering wins over an ``srun`` step
+        around it; but a step of several tasks would start one local world per task.
+        """
         table = next(t for t in cls.TABLES if t["rank"] in environ)
+        step_tasks = environ.get("SLURM_STEP_NUM_TASKS", "1")
+        if "SLURM_STEP_ID" in environ and step_tasks not in ("", "1"):
+            raise agreed(
+                LaunchError(
+                    f"local: a local launcher ({table['rank'].rsplit('_', 1)[0]}_*) runs inside "
+                    f"task {environ.get('SLURM_PROCID', '?')} of an srun step of {step_tasks} "
+                    "tasks: each task starts its own local world and all their ranks 0 collide. "
+                    "HINT: start one task (srun -n1 ...), or submit to Slurm directly "
+                    "(cluster='slurm') so that Slurm starts one task per rank."
+                )
+            )
         rank = _int(environ, table["rank"], "local")
         world = _int(environ, table["world"], "local")
         job_id = environ.get(table["job"], "")
@@ -249,7 +328,11 @@ class SingleContext:
 
     @staticmethod
     def resolve(environ: Mapping[str, str]) -> DistEnv:
-        """Refuse to pretend a many-task batch or salloc shell is one rank of one."""
+        """Refuse to pretend a many-task batch or salloc shell, or half a launcher's
+        environment, is one rank of one."""
+        partial = leftovers.partial_set(environ)
+        if partial:
+            raise LaunchError(f"single: {leftovers.partial_message(environ, partial)}")
         ntasks = environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS") or "1"
         if ntasks != "1":
             raise LaunchError(
@@ -273,9 +356,11 @@ class SingleContext:
         )
 
 
-# Detection order matters: torchrun can run inside a Slurm step (`srun torchrun ...`), and a
-# Slurm step can run inside a local launch's environment; the fallback comes last.
-CONTEXTS = (TorchrunContext, SlurmStepContext, LocalContext, SingleContext)
+# Detection order matters: torchrun can run inside a Slurm step (`srun torchrun ...`), and so
+# can a local launcher (submitit's local executor in an `srun -n1` shell): the launcher that
+# started this process comes first. Left-over local variables are removed before detection
+# (`hpcddp.launch.leftovers`); the fallback comes last.
+CONTEXTS = (TorchrunContext, LocalContext, SlurmStepContext, SingleContext)
 
 
 def claimed_rank(environ: Mapping[str, str]) -> int | None:

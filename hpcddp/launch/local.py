@@ -4,9 +4,11 @@ The children find their place through ``HPCDDP_LOCAL_*`` variables (see
 `hpcddp.launch.contexts.LocalContext`). If one child fails, the others are stopped soon after
 rather than left waiting in a collective until its timeout. The children report what ended
 them (`hpcddp.launch.reports`) instead of printing it, and the launcher prints each distinct
-cause once.
+cause once. If the launcher itself dies, even by ``kill -9``, the kernel tells every child
+(``PR_SET_PDEATHSIG``): it stops cleanly, and `watch_launcher` ends it if it cannot.
 """
 
+import ctypes
 import logging
 import os
 import pathlib
@@ -15,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -44,6 +47,40 @@ def free_port() -> int:
         return port
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+ORPHAN_GRACE_S = 5.0  # a clean stop takes a step and a save; then the rank is ended anyway
+
+
+def _die_with(launcher_pid: int) -> None:
+    """In the child before exec: SIGTERM when the launcher's thread dies (Linux; else nothing)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher_pid:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def watch_launcher(environ: Mapping[str, str], grace_s: float = ORPHAN_GRACE_S) -> None:
+    """In a local rank: once the launcher is gone, give the clean stop ``grace_s``, then end.
+
+    The SIGTERM from `_die_with` only sets the stop flag; a rank waiting in a collective for a
+    peer would wait for ``dist.timeout_s``. Nothing happens outside a local launch.
+    """
+    launcher = environ.get("HPCDDP_LOCAL_JOB_ID", "")
+    if not launcher.isdigit() or int(launcher) != os.getppid():
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(launcher):
+            time.sleep(0.2)
+        time.sleep(grace_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="hpcddp-launcher-watch", daemon=True).start()
+
+
 def child_env(
     rank: int,
     nproc: int,
@@ -71,8 +108,13 @@ def launch(argv: Sequence[str], nproc: int) -> int:
     command = [sys.executable, "-m", "hpcddp", *argv]
     with tempfile.TemporaryDirectory(prefix="hpcddp-reports-") as folder:
         report_dir = pathlib.Path(folder)
+        me = os.getpid()
         children = [
-            subprocess.Popen(command, env=child_env(r, nproc, port, os.environ, report_dir))
+            subprocess.Popen(
+                command,
+                env=child_env(r, nproc, port, os.environ, report_dir),
+                preexec_fn=lambda: _die_with(me),  # the launcher is single-threaded here
+            )
             for r in range(nproc)
         ]
         # Ctrl-C already reaches the children (same process group); forward only what does not.

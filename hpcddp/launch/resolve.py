@@ -9,9 +9,10 @@ instead of a hang in ``init_process_group``. torch is imported only to count GPU
 import dataclasses
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from hpcddp.errors import LaunchError
+from hpcddp.launch import leftovers
 from hpcddp.launch.contexts import CONTEXTS, HINTS
 from hpcddp.launch.distenv import DistEnv
 
@@ -106,22 +107,20 @@ def _check_placement(p: DistEnv) -> None:
         )
 
 
-def resolve_env(
-    environ: Mapping[str, str] | None = None,
-    *,
-    cuda_devices: Callable[[], int] = visible_cuda_devices,
-    hostname: str | None = None,
-) -> DistEnv:
-    """Resolve this process's place in the job from its environment (``os.environ`` by default).
-
-    ``HPCDDP_DEVICE`` (``cpu``, ``cuda`` for the usual GPU choice, or ``cuda:N``) and
-    ``HPCDDP_BACKEND`` (``gloo``/``nccl``) override the automatic choice of nccl on CUDA and
-    gloo otherwise.
-    """
-    environ = os.environ if environ is None else environ
-    context = next(c for c in CONTEXTS if c.detect(environ))
-    placement = context.resolve(environ)
+def _place(environ: Mapping[str, str], ancestors: Callable[[], Sequence[int]]) -> DistEnv:
+    """The launch context's placement, after removing a shell's left-over local variables."""
+    cleaned, left = leftovers.split_leftovers(environ, ancestors)
+    context = next(c for c in CONTEXTS if c.detect(cleaned))
+    if left and context.name == "single":
+        raise LaunchError(f"single: {leftovers.leftovers_message(environ, left)}")
+    placement = context.resolve(cleaned)
     _check_placement(placement)
+    return placement
+
+
+def _device_and_backend(
+    environ: Mapping[str, str], placement: DistEnv, cuda_devices: Callable[[], int]
+) -> tuple[str, str]:
     device, visible = _device(environ, placement.local_rank, cuda_devices)
     backend = environ.get("HPCDDP_BACKEND") or ("nccl" if device.startswith("cuda") else "gloo")
     if backend not in BACKENDS:
@@ -131,6 +130,47 @@ def resolve_env(
         )
     if backend == "nccl":
         _check_gpu_per_rank(placement, visible, environ)
-    return dataclasses.replace(
-        placement, hostname=hostname or socket.gethostname(), device=device, backend=backend
-    )
+    return device, backend
+
+
+def place(
+    environ: Mapping[str, str] | None = None,
+    *,
+    cuda_devices: Callable[[], int] = visible_cuda_devices,
+    hostname: str | None = None,
+    ancestors: Callable[[], Sequence[int]] = leftovers.ancestor_pids,
+) -> tuple[DistEnv, LaunchError | None]:
+    """This process's place in the job, and its own reason not to run, if it has one.
+
+    A rank that knows its place but cannot use its device (a node without the GPUs the others
+    have, say) still knows where the others meet: it tells them at the rendezvous, so every
+    rank stops at once instead of waiting for it. Without a place there is no one to tell, so
+    that raises here.
+    """
+    environ = os.environ if environ is None else environ
+    placement = _place(environ, ancestors)
+    placement = dataclasses.replace(placement, hostname=hostname or socket.gethostname())
+    try:
+        device, backend = _device_and_backend(environ, placement, cuda_devices)
+    except LaunchError as refusal:
+        return placement, refusal
+    return dataclasses.replace(placement, device=device, backend=backend), None
+
+
+def resolve_env(
+    environ: Mapping[str, str] | None = None,
+    *,
+    cuda_devices: Callable[[], int] = visible_cuda_devices,
+    hostname: str | None = None,
+    ancestors: Callable[[], Sequence[int]] = leftovers.ancestor_pids,
+) -> DistEnv:
+    """Resolve this process's place in the job from its environment (``os.environ`` by default).
+
+    ``HPCDDP_DEVICE`` (``cpu``, ``cuda`` for the usual GPU choice, or ``cuda:N``) and
+    ``HPCDDP_BACKEND`` (``gloo``/``nccl``) override the automatic choice of nccl on CUDA and
+    gloo otherwise.
+    """
+    env, refusal = place(environ, cuda_devices=cuda_devices, hostname=hostname, ancestors=ancestors)
+    if refusal is not None:
+        raise refusal
+    return env

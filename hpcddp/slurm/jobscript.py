@@ -11,7 +11,11 @@ Preemption: Slurm signals the batch shell (``--signal=B:USR2@N``) before the tim
 shell passes the signal on to ``srun``, which forwards it to every process of every task. The
 trainer checkpoints and requeues the job (``--requeue``) itself; where it cannot (no
 ``scontrol`` inside its container) it exits with `exit_codes.STOPPED_NOT_REQUEUED` and the
-batch shell, which runs outside the container, requeues the job instead.
+batch shell, which runs outside the container, requeues the job instead. When a rank dies,
+the shell asks `hpcddp.slurm.retry` whether to requeue the job without the node it died on.
+
+``slurm.setup`` lines are the site's shell code and are copied in as they are; the container
+(`container_lines`) wraps the ranks and the Python helpers, never the shell itself.
 """
 
 import importlib.resources
@@ -25,7 +29,9 @@ from typing import Any
 
 from hpcddp import __version__, exit_codes
 from hpcddp.config import Config, SlurmConfig
+from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, HpcddpError, LaunchError
+from hpcddp.slurm.container import pyxis_args, wrapper_args
 from hpcddp.slurm.options import sbatch_options, with_options
 
 _PLACEHOLDER = re.compile(r"\{\{ (\w+) \}\}")
@@ -64,6 +70,34 @@ def _check_overrides(overrides: Sequence[str]) -> None:
             )
 
 
+def setup_lines(lines: Sequence[str]) -> str:
+    """``slurm.setup`` as it goes into the script (a comment when there is none)."""
+    if not lines:
+        return "# (no slurm.setup lines)"
+    # The site's own scripts are not ours to lint; sourcing them is the point.
+    body = "\n".join(f"    {line}" for line in lines)
+    return f"# shellcheck disable=SC1090,SC1091\n{{\n{body}\n}}"
+
+
+def container_lines(container: ContainerConfig, gpus_per_node: int) -> str:
+    """Bash arrays: ``container`` (the command prefix of every rank) and ``helper`` (how this
+    shell runs hpcddp's Python helpers), and for pyxis the srun options that enter the image."""
+    wrapper = wrapper_args(container, gpus_per_node)
+    if wrapper:
+        return f'container=({shlex.join(wrapper)})\nhelper=("${{container[@]}}" "$PYTHON")'
+    pyxis = pyxis_args(container)
+    if pyxis:
+        options = f'{shlex.join(pyxis)} "--container-workdir=$PWD"'
+        return "\n".join(
+            [
+                "container=()",
+                f"srun_args+=({options})",
+                f'helper=(srun --nodes=1 --ntasks=1 {options} "$PYTHON")',
+            ]
+        )
+    return 'container=()\nhelper=("$PYTHON")'
+
+
 def render(
     config: Config,
     config_path: str | None,
@@ -74,6 +108,7 @@ def render(
     version: str = __version__,
     command: Sequence[str] | None = None,
     fixed_ranks: bool = True,
+    check: bool = False,
 ) -> str:
     """A complete sbatch script that trains ``config_path`` with ``overrides``.
 
@@ -81,12 +116,14 @@ def render(
     ``command`` is what the header says generated the script (``hpcddp sbatch ...`` by default).
     Under torchrun the ranks per node are ``slurm.tasks_per_node``, or with ``fixed_ranks=False``
     derived when the job starts (from NPROC_PER_NODE, the node's GPUs or the task's CPUs).
+    With ``check`` the job runs the pre-flight (`hpcddp check`) instead of training.
     """
     options = dict(options or {})
     _check_overrides(overrides)
     slurm = with_options(config.slurm, options)
     if command is None:
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items() if v is not None]
+        flags += ["--check"] if check else []
         command = ["hpcddp", "sbatch", *([config_path] if config_path else []), *overrides, *flags]
     return fill(
         template(),
@@ -99,6 +136,9 @@ def render(
             "launcher": slurm.launcher,
             "nproc_per_node": str(slurm.tasks_per_node) if fixed_ranks else "",
             "requeue_status": str(exit_codes.STOPPED_NOT_REQUEUED),
+            "command": "check" if check else "train",
+            "setup": setup_lines(slurm.setup),
+            "container": container_lines(slurm.container, slurm.gpus_per_node),
         },
     )
 

@@ -18,52 +18,31 @@ import logging
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import submitit
-from submitit.core.utils import DelayedSubmission
 from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
 from hpcddp.config import Config, SlurmConfig, apply_overrides, from_dict, load_config
+from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, LaunchError
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
+from hpcddp.slurm.container import pyxis_args, wrapper_args
 from hpcddp.slurm.options import refuse_own_option
+from hpcddp.slurm.tasks import CheckTask, TrainTask
 
 log = logging.getLogger(__name__)
 
 CLUSTERS = ("slurm", "local")
 SLURM_OPTIONS = tuple(field.name for field in dataclasses.fields(SlurmConfig))
-
-
-class TrainTask:
-    """What every task of a submitted job runs: the shared trainer on one config (picklable)."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-
-    def __call__(self) -> dict[str, Any]:
-        """Train (or resume) on this task's rank; the run's summary, or why it stopped."""
-        from hpcddp.train.trainer import Trainer  # torch is imported in the job, not at submission
-
-        result = Trainer(config=self.config).fit()
-        if result.get("stopped") and result.get("requeued"):
-            # Slurm restarts the job and its rerun resumes from the checkpoint. Leaving without
-            # a result (submitit writes none on SystemExit) keeps job.result() waiting for it.
-            raise SystemExit(0)
-        return result
-
-    def checkpoint(self) -> DelayedSubmission:
-        """submitit's hook for a signal that arrives outside training: requeue, then resume."""
-        return DelayedSubmission(self)
-
-    def __repr__(self) -> str:
-        return f"TrainTask(run.dir={self.config.run.dir!r})"
 
 
 # -- jobs whose result() works with many tasks and without sacct ------------------------------
@@ -165,9 +144,9 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
         "timeout_min": slurm.time_min,
         "slurm_signal_delay_s": slurm.signal_delay_s,
         # One dead rank ends the step instead of leaving the others waiting in a collective.
-        "slurm_srun_args": ["--kill-on-bad-exit=1"],
+        "slurm_srun_args": ["--kill-on-bad-exit=1", *pyxis_args(slurm.container)],
         # Since Slurm 22.05 srun no longer inherits --cpus-per-task; without this, loaders starve.
-        "slurm_setup": ["export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}"],
+        "slurm_setup": ["export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}", *slurm.setup],
         # The trainer checkpoints on SIGUSR2 and requeues with `scontrol requeue`.
         "slurm_additional_parameters": {"requeue": True, **slurm.extra},
     }
@@ -180,6 +159,12 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
     }
     params.update({name: value for name, value in optional.items() if value})
     return params
+
+
+def container_python(container: ContainerConfig, gpus_per_node: int) -> str | None:
+    """The command submitit starts Python with, inside an apptainer/singularity image."""
+    wrapper = wrapper_args(container, gpus_per_node)
+    return shlex.join([*wrapper, sys.executable]) if wrapper else None
 
 
 def _check_extra(extra: Mapping[str, Any]) -> None:
@@ -243,7 +228,9 @@ def _executor(config: Config, cluster: str, **extra: Any) -> submitit.AutoExecut
         )
 
     folder = pathlib.Path(config.run.dir).absolute() / "submitit"
-    executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+    python = container_python(config.slurm.container, config.slurm.gpus_per_node)
+    inside = {"slurm_python": python} if python and cluster == "slurm" else {}
+    executor = submitit.AutoExecutor(folder=folder, cluster=cluster, **inside)
     try:
         executor.update_parameters(**executor_parameters(config.slurm), **extra)
     except (ValueError, NameError, AssertionError) as err:
@@ -273,19 +260,23 @@ def submit(
     overrides: Sequence[str] = (),
     *,
     cluster: str | None = None,
+    check: bool = False,
     **slurm_options: Any,
 ) -> SlurmRun | LocalRun:
     """Submit one run and return at once; ``job.result()`` waits and returns its summary.
 
     ``slurm_options`` override the config's slurm section (``nodes=2, tasks_per_node=4,
-    time_min=30, ...``). ``cluster`` forces ``"slurm"`` or ``"local"``. submitit's files go to
+    time_min=30, ...``). ``cluster`` forces ``"slurm"`` or ``"local"``. ``check=True`` submits
+    the pre-flight (`hpcddp check`) with the same resources instead of training: its
+    ``result()`` is ``{"errors": N, "problems": [...], "report": {...}}``. submitit's files go to
     ``<run.dir>/submitit/``; `hpcddp.job_index` records the job for ``hpcddp status`` and ``logs``.
     """
     config = resolve_config(config, overrides, slurm_options)
     cluster = choose_cluster(cluster)
     executor = _executor(config, cluster)
     submitted_at = time.time()
-    job = _adopt(executor.submit(TrainTask(config)), executor.folder, cluster)
+    task = CheckTask(config) if check else TrainTask(config)
+    job = _adopt(executor.submit(task), executor.folder, cluster)
     job_index.write_record(_record(job, config, cluster, submitted_at))
     log.info(
         "submitted job %s (%s, %d tasks), run dir %s",

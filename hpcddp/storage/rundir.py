@@ -7,16 +7,26 @@ Layout::
     RUN_DIR/logs/rank-N.log  one log per rank
     RUN_DIR/metrics.jsonl    one line per logged step and evaluation (`hpcddp.storage.metrics`)
     RUN_DIR/summary.json     written when the run completes
+    RUN_DIR/attempts.jsonl   every attempt: nodes, why it ended, steps (`hpcddp.storage.attempts`)
+    RUN_DIR/provenance.json  the code, versions and job that ran (`hpcddp.storage.provenance`)
+
+``run.resume=false`` never mixes two runs in one directory: an existing run is refused, or
+with ``run.overwrite=true`` moved aside whole; only a requeued attempt of the same Slurm job
+(it wrote the directory itself) continues in it.
 """
 
+import dataclasses
 import logging
+import os
 import pathlib
+import time
 from typing import Any
 
 import yaml
 
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
+from hpcddp.storage import attempts, provenance
 from hpcddp.storage.atomic import atomic_write_text
 from hpcddp.storage.runlock import RunLock
 
@@ -30,6 +40,9 @@ RESUMABLE_CHANGES = {
     ("run", "name"),
     ("run", "resume"),
     ("run", "force"),
+    ("run", "overwrite"),
+    ("run", "same_code"),
+    ("dist", "socket_ifname"),
     ("train", "stop_after_steps"),
     ("train", "stop_before_end_s"),
     ("train", "log_every_steps"),
@@ -60,9 +73,91 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     return diffs
 
 
-def prepare(config: Config, lock: RunLock | None = None) -> pathlib.Path:
-    """Create the run directory (rank 0), take its ``lock``, refuse a different config."""
-    root = pathlib.Path(config.run.dir)
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """Which attempt of which job is preparing the directory, and where it runs."""
+
+    job: str = ""
+    restart: int = 0
+    nodes: tuple[str, ...] = ()
+
+
+def _holds_a_run(root: pathlib.Path) -> bool:
+    markers = ("config.yaml", "metrics.jsonl", "summary.json", attempts.FILE)
+    checkpoints = root / "checkpoints"
+    return any((root / m).exists() for m in markers) or (
+        checkpoints.is_dir() and any(checkpoints.iterdir())
+    )
+
+
+def _written_by(root: pathlib.Path, attempt: Attempt) -> bool:
+    """True when an earlier attempt of this very job (a requeue) prepared ``root``."""
+    try:
+        saved = provenance.load(root) or {}
+    except ValueError:
+        return False
+    return bool(attempt.job) and saved.get("job") == attempt.job
+
+
+def _move_aside(root: pathlib.Path) -> pathlib.Path:
+    """Rename the old run out of the way, whole (a rename: nothing is copied or lost)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = root.with_name(f"{root.name}.old-{stamp}")
+    count = 1
+    while target.exists():
+        count += 1
+        target = root.with_name(f"{root.name}.old-{stamp}-{count}")
+    os.rename(root, target)
+    return target
+
+
+def _fresh_start(
+    config: Config, root: pathlib.Path, attempt: Attempt, lock: RunLock | None
+) -> None:
+    """``run.resume=false``: refuse a directory holding another run, or move it aside.
+
+    Called with ``lock`` held, so a run still going in ``root`` is never moved from under it.
+    """
+    if config.run.resume or not _holds_a_run(root) or _written_by(root, attempt):
+        return
+    if not config.run.overwrite:
+        raise ConfigError(
+            f"run.resume=false but {root} already holds a run: starting afresh there would mix "
+            "the two runs' files (and pruning would keep the old run's higher-numbered "
+            "checkpoints). HINT: choose a new run.dir, pass run.overwrite=true to move the old "
+            "run aside, or run.resume=true to continue it."
+        )
+    if lock is not None:
+        lock.release()  # it moves with the old run; the new directory gets its own
+    moved = _move_aside(root)
+    _make(root)
+    if lock is not None:
+        lock.acquire()
+    log.warning("run.overwrite=true: moved the previous run in %s aside to %s", root, moved)
+
+
+def _check_code(config: Config, root: pathlib.Path, attempt: Attempt) -> None:
+    """Record the code and versions that run; say in one line what changed since last time."""
+    found = provenance.collect([config.model.factory, config.data.factory])
+    found["job"] = attempt.job
+    try:
+        saved = provenance.load(root)
+    except ValueError:
+        saved = None
+    changes = provenance.differences(saved, found) if saved else []
+    if changes and config.run.same_code:
+        raise ConfigError(
+            f"{root} was run with other code ({'; '.join(changes[:3])}), and run.same_code=true "
+            "refuses to resume with it. HINT: check out the run's code (RUN_DIR/provenance.json "
+            "names the commits; RUN_DIR/provenance/ holds the diffs), or set "
+            "run.same_code=false to resume anyway."
+        )
+    if changes:
+        log.warning("resuming %s with other code: %s", root, "; ".join(changes))
+    provenance.record(root, found, changed=bool(changes))
+
+
+def _make(root: pathlib.Path) -> None:
     try:
         (root / "checkpoints").mkdir(parents=True, exist_ok=True)
         (root / "logs").mkdir(exist_ok=True)
@@ -71,8 +166,21 @@ def prepare(config: Config, lock: RunLock | None = None) -> pathlib.Path:
             f"cannot create run directory {root}: {err.strerror}. "
             "HINT: set run.dir=<a writable path>."
         ) from None
+
+
+def prepare(
+    config: Config, attempt: Attempt | None = None, *, lock: RunLock | None = None
+) -> pathlib.Path:
+    """Create the run directory (rank 0), take its ``lock``, refuse a different config or run.
+
+    Records the code that runs and the job it runs in (`hpcddp.storage.provenance`).
+    """
+    attempt = attempt or Attempt()
+    root = pathlib.Path(config.run.dir)
+    _make(root)
     if lock is not None:
         lock.acquire()
+    _fresh_start(config, root, attempt, lock)
     saved_path = root / "config.yaml"
     if saved_path.exists() and not config.run.force:
         diffs = config_differences(_saved_config(saved_path), config.to_dict())
@@ -83,6 +191,7 @@ def prepare(config: Config, lock: RunLock | None = None) -> pathlib.Path:
                 "run.force=true to continue it with the new config."
             )
     atomic_write_text(saved_path, config.to_yaml())
+    _check_code(config, root, attempt)
     return root
 
 

@@ -23,10 +23,13 @@ import torch.distributed as dist
 from hpcddp.config import Config
 from hpcddp.dist import collectives, failures
 from hpcddp.errors import ConfigError, DistributedError, NonFiniteError
+from hpcddp.launch import deadline, requeue
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.progress import ProgressBar, bar
+from hpcddp.storage import attempts
 from hpcddp.storage.atomic import atomic_write_text
 from hpcddp.storage.metrics import MetricsLog
+from hpcddp.storage.rundir import Attempt
 from hpcddp.train import batches, data, ddp, evaluation, guard, preemption, rng
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.optim import make_optimizer, make_scheduler
@@ -69,8 +72,10 @@ class TrainingRun:
         device: torch.device,
         run_dir: pathlib.Path,
         stop_flag: preemption.StopFlag,
+        attempt: Attempt | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
+        self.attempt = attempt or Attempt(job=env.job_id, nodes=(env.hostname,))
         # installed by the caller for the whole run: a signal during set-up is a clean stop
         self.stop_flag = stop_flag
         rng.seed_everything(cfg.run.seed)  # identical initial weights on every rank
@@ -112,6 +117,7 @@ class TrainingRun:
         self.nonfinite_local = False  # whether this rank's own loss was the non-finite one
         self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
         self.deadline: float | None = None  # when to stop ahead of the job's time limit
+        self.resumed_step = 0  # where this attempt started
         self.metrics: MetricsLog | None = None  # rank 0's metrics.jsonl, once resumed
         self.last_eval: dict[str, float] | None = None
         self.bar = ProgressBar(enabled=env.is_main)
@@ -156,8 +162,13 @@ class TrainingRun:
                 self.metrics.close()
 
     def _resume(self) -> None:
-        """Continue from the latest checkpoint, or start each rank's own random stream."""
-        resumed = self.checkpoints.resume() if self.cfg.run.resume else None
+        """Continue from the latest checkpoint, or start each rank's own random stream.
+
+        With run.resume=false the run directory was found empty, or moved aside, or holds an
+        earlier attempt of this same job (`hpcddp.storage.rundir`): what is there is ours.
+        """
+        resumed = self.checkpoints.resume()
+        self.resumed_step = resumed.step if resumed else 0
         if resumed is None:
             rng.seed_everything(self.cfg.run.seed + self.env.rank)  # own dropout stream
         else:
@@ -168,10 +179,20 @@ class TrainingRun:
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.progress.step)
 
     def _deadline(self) -> float | None:
-        """When to stop on our own, ahead of the job's time limit (rank 0 asks Slurm)."""
-        end = preemption.job_end_time(os.environ) if self.env.is_main else None
-        end = collectives.broadcast_object(end)
-        return None if end is None else end - self.cfg.train.stop_before_end_s
+        """When to stop on our own, ahead of the job's time limit (rank 0 asks Slurm).
+
+        A job whose time cannot hold the stop margin is refused: it would requeue forever.
+        """
+        margin = self.cfg.train.stop_before_end_s
+        end = collectives.on_rank_zero(
+            lambda: self._job_end(margin), self.env.rank, "read the job's end time"
+        )
+        return None if end is None else end - margin
+
+    def _job_end(self, margin: float) -> float | None:
+        end = deadline.job_end_time(os.environ)
+        deadline.check_time_fits(end, margin, time.time())
+        return end
 
     def _stopped(self, reason: int) -> dict[str, Any]:
         """After the stop checkpoint: requeue a preempted Slurm job (rank 0) and report."""
@@ -181,14 +202,37 @@ class TrainingRun:
             "reason": preemption.REASON_NAMES[reason],
         }
         if reason == preemption.STOP_PREEMPTED:
+            self._refuse_endless_requeue()
+        if self.env.is_main:  # before requeueing, which ends the job's processes
+            self._record_attempt(outcome["reason"])
+        if reason == preemption.STOP_PREEMPTED:
             requeued, message = collectives.on_rank_zero(
-                preemption.requeue, self.env.rank, "requeue the job"
+                requeue.requeue, self.env.rank, "requeue the job"
             )
             outcome["requeued"] = requeued
             (log.info if requeued else log.error)(
                 "preempted at step %d, checkpoint saved; %s", self.progress.step, message
             )
         return outcome
+
+    def _record_attempt(self, cause: str) -> None:
+        """Rank 0: this attempt's line in attempts.jsonl (`hpcddp.storage.attempts`)."""
+        a = self.attempt
+        attempts.record(
+            self.run_dir,
+            job=a.job,
+            restart=a.restart,
+            nodes=list(a.nodes),
+            cause=cause,
+            step=self.progress.step,
+            from_step=self.resumed_step,
+        )
+
+    def _refuse_endless_requeue(self) -> None:
+        """The stop time passed within the attempt's first step: a requeue would gain one step."""
+        passed = self.deadline is not None and time.time() >= self.deadline
+        if passed and self.progress.step - self.resumed_step <= 1:
+            raise ConfigError(deadline.no_room_message(self.cfg.train.stop_before_end_s))
 
     def _train(self) -> int:
         """Epochs of accumulation windows; a stop reason if stopped early (checkpoint saved)."""
@@ -385,6 +429,13 @@ class TrainingRun:
             **(self.last_eval or {}),
         }
         if self.env.is_main:
+            # a re-run of a finished run trains nothing and changes nothing
+            if (
+                self.progress.step > self.resumed_step
+                or not (self.run_dir / "summary.json").exists()
+            ):
+                self._record_attempt("finished")
+            summary["attempts"] = attempts.history(self.run_dir)
             atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
             log.info(
                 "finished: %d steps, final loss %.4f, weights %s",

@@ -1,4 +1,4 @@
-"""Stopping a run cleanly: signals, the job's time limit, and requeueing through Slurm.
+"""Stopping a run cleanly: signals and the job's time limit, agreed by a vote of all ranks.
 
 The signal handler only sets a flag: checkpointing inside a handler races the training step
 and deadlocks collectives (Lightning#21406). Every so many steps the ranks vote (a MAX
@@ -7,16 +7,12 @@ The vote is started asynchronously after one step and read after the next, so it
 and it is held only every N steps, N chosen so that votes are about `VOTE_EVERY_S` apart, so
 a fast step does not pay for a collective it does not need (0.5 ms a step was measured, the
 whole step of a small model). A signal is acted on within about `VOTE_EVERY_S` plus one step.
+The job's end time and requeueing live in `hpcddp.launch.deadline` and `hpcddp.launch.requeue`.
 """
 
-import datetime
 import logging
-import os
-import shutil
 import signal
-import subprocess
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -51,22 +47,6 @@ class StopFlag:
         if signum == signal.SIGINT and signal.SIGINT in self.seen:
             raise KeyboardInterrupt
         self.seen.add(signum)
-
-
-def job_end_time(environ: Mapping[str, str]) -> float | None:
-    """The Slurm job's end (epoch seconds), from the environment or squeue; None if unlimited."""
-    if environ.get("SLURM_JOB_END_TIME", "").isdigit():
-        return float(environ["SLURM_JOB_END_TIME"])
-    job_id = environ.get("SLURM_JOB_ID")
-    if not job_id or shutil.which("squeue") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True, text=True, timeout=30
-        ).stdout.strip()
-        return datetime.datetime.fromisoformat(out).timestamp()
-    except (ValueError, subprocess.SubprocessError, OSError):
-        return None  # "Unknown"/"N/A": no limit to respect
 
 
 VOTE_EVERY_S = 0.5  # seconds between votes; a stop is acted on within about this
@@ -154,26 +134,3 @@ def reason_of(flag: StopFlag, deadline: float | None) -> int:
     if signal.SIGINT in flag.seen:
         return STOP_INTERRUPTED
     return CARRY_ON
-
-
-def requeue(environ: Mapping[str, str] = os.environ) -> tuple[bool, str]:
-    """Ask Slurm to requeue this job; (ok, what happened) for the log and the exit code."""
-    job_id = (
-        environ.get("SLURM_ARRAY_JOB_ID")
-        and environ.get("SLURM_ARRAY_TASK_ID")
-        and (f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}")
-    )
-    job_id = job_id or environ.get("SLURM_JOB_ID")
-    if not job_id:
-        return False, "not a Slurm job, nothing to requeue"
-    if shutil.which("scontrol") is None:
-        return False, "scontrol is not on PATH here (container without Slurm tools?)"
-    try:
-        result = subprocess.run(
-            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
-        )
-    except (subprocess.SubprocessError, OSError) as err:
-        return False, f"scontrol requeue {job_id} failed: {err}"
-    if result.returncode != 0:
-        return False, f"scontrol requeue {job_id} failed: {result.stderr.strip()}"
-    return True, f"job {job_id} requeued"

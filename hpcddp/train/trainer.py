@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
 import pathlib
 import threading
 from collections.abc import Callable, Iterator
@@ -17,11 +18,12 @@ from typing import Any
 import torch
 
 from hpcddp.config import Config
-from hpcddp.dist import collectives
-from hpcddp.dist.group import process_group
+from hpcddp.dist import collectives as collective
+from hpcddp.dist import rendezvous
+from hpcddp.dist.group import Joined, joined
 from hpcddp.errors import ConfigError, HpcddpError
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.launch.resolve import resolve_env
+from hpcddp.launch.resolve import place
 from hpcddp.storage import rundir
 from hpcddp.storage.runlock import RunLock
 from hpcddp.train import preemption
@@ -55,42 +57,48 @@ class Trainer:
         Stop signals (USR2, TERM, Ctrl-C) are caught for the whole call, from set-up to
         teardown, so one arriving at any moment is a clean stop, never a killed rank.
         """
-        env = env or resolve_env()
+        # A rank's own refusal (no GPU on its node, say) is told to every rank when they meet,
+        # so all of them stop at once instead of waiting for this one.
+        refusal: HpcddpError | None = None
+        if env is None:
+            env, refusal = place()
         if self.config.dist.backend:
             env = dataclasses.replace(env, backend=self.config.dist.backend)
-        _check_precision(self.config.train.precision, env.device)
+        try:
+            _check_precision(self.config.train.precision, env.device)
+        except ConfigError as err:
+            refusal = refusal or err
         stop_flag = preemption.StopFlag()
         in_main_thread = threading.current_thread() is threading.main_thread()
         if in_main_thread:  # Python lets only the main thread handle signals
             stop_flag.install()
         try:
-            return self._fit(env, stop_flag)
+            return self._fit(env, stop_flag, refusal)
         finally:
             if in_main_thread:
                 stop_flag.uninstall()
 
-    def _fit(self, env: DistEnv, stop_flag: preemption.StopFlag) -> dict[str, Any]:
+    def _fit(
+        self, env: DistEnv, stop_flag: preemption.StopFlag, refusal: HpcddpError | None
+    ) -> dict[str, Any]:
+        dist_cfg = self.config.dist
         lock = RunLock(pathlib.Path(self.config.run.dir))  # rank 0 takes it in prepare
-        with process_group(env, self.config.dist.timeout_s) as device, _released(lock):
-            run_dir = collectives.on_rank_zero(
-                lambda: rundir.prepare(self.config, lock), env.rank, "prepare the run directory"
+        with (
+            joined(
+                env, dist_cfg.timeout_s, socket_ifname=dist_cfg.socket_ifname, refusal=refusal
+            ) as done,
+            _released(lock),
+        ):
+            attempt = _attempt(env, done)
+            run_dir = collective.on_rank_zero(
+                lambda: rundir.prepare(self.config, attempt, lock=lock),
+                env.rank,
+                "prepare the run directory",
             )
             setup_logging(env, run_dir / "logs")
-            log.info(
-                "local rank %d, node %d/%d, device %s, backend %s, master %s:%d, "
-                "launcher %s, job %s",
-                env.local_rank,
-                env.node_rank,
-                env.num_nodes,
-                env.device,
-                env.backend,
-                env.master_addr,
-                env.master_port,
-                env.launcher,
-                env.job_id or "-",
-            )
+            _log_place(env, done)
             try:
-                return self._run(env, device, run_dir, stop_flag)
+                return self._run(env, done.device, run_dir, stop_flag, attempt)
             except HpcddpError as err:  # printed once, by rank 0 or the launcher; kept by all
                 log.error("%s", err, extra=FILE_ONLY)
                 raise
@@ -104,10 +112,11 @@ class Trainer:
         device: torch.device,
         run_dir: pathlib.Path,
         stop_flag: preemption.StopFlag,
+        attempt: rundir.Attempt,
     ) -> dict[str, Any]:
         """Build and execute the run here, so nothing holds it once this returns."""
         run = TrainingRun(
-            self.model_fn, self.dataset_fn, self.config, env, device, run_dir, stop_flag
+            self.model_fn, self.dataset_fn, self.config, env, device, run_dir, stop_flag, attempt
         )
         return run.execute()
 
@@ -119,6 +128,37 @@ def _released(lock: RunLock) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def _attempt(env: DistEnv, done: Joined) -> rundir.Attempt:
+    """This attempt of the job, for the run directory's record (hosts known on rank 0)."""
+    hosts = [host for host, _ in done.meeting.everyone.values()] if done.meeting else []
+    return rundir.Attempt(
+        job=os.environ.get("SLURM_JOB_ID", ""),  # what a requeue keeps; local runs have none
+        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        nodes=tuple(dict.fromkeys(hosts or [env.hostname])),
+    )
+
+
+def _log_place(env: DistEnv, done: Joined) -> None:
+    """Each rank's place in its own log; the network every rank chose, once, on rank 0."""
+    network = done.meeting.network if done.meeting else None
+    log.info(
+        "local rank %d, node %d/%d, device %s, backend %s, master %s:%d, network %s, "
+        "launcher %s, job %s",
+        env.local_rank,
+        env.node_rank,
+        env.num_nodes,
+        env.device,
+        env.backend,
+        env.master_addr,
+        env.master_port,
+        f"{network.interface} {network.address} ({network.chosen_by})" if network else "-",
+        env.launcher,
+        env.job_id or "-",
+    )
+    if done.meeting and env.is_main:
+        log.info("network: %s", rendezvous.as_text(done.meeting.everyone))
 
 
 def _factory(spec: Callable[..., Any] | str, what: str) -> Callable[..., Any]:

@@ -51,11 +51,14 @@ def test_only_rank_zero_writes_and_every_rank_logs(tmp_path):
     train_exact(tmp_path, "train.epochs=1")
     names = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     checkpoints = [n for n in names if n.startswith("checkpoints/")]
-    assert set(names) - set(checkpoints) == {
+    diffs = [n for n in names if n.startswith("provenance/")]  # when the tree is dirty
+    assert set(names) - set(checkpoints) - set(diffs) == {
         ".lock",  # the run-dir lock: a second run here is refused while this one holds it
         "config.yaml",
         "metrics.jsonl",
         "summary.json",
+        "attempts.jsonl",
+        "provenance.json",
         "logs/rank-0.log",
         "logs/rank-1.log",
     }
@@ -136,10 +139,16 @@ def test_bf16_autocast_trains_on_cpu(tmp_path):
 )
 def test_loader_workers_follow_slurm_cpus(environ, local_world, workers):
     env = resolve_env(
-        {"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": str(local_world)},
+        {"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": str(local_world), **OUR_LAUNCHER},
         cuda_devices=lambda: 0,
+        ancestors=lambda: [1],
     )
     assert default_num_workers(env, environ) == workers
+
+
+# A local launcher names itself (its pid) and must be an ancestor of the rank; pid 1 is.
+OUR_LAUNCHER = {"HPCDDP_LOCAL_JOB_ID": "1"}
+SUBMITIT_LAUNCHER = {"SUBMITIT_LOCAL_JOB_ID": "1"}
 
 
 def _slurm_step(local_world: int) -> dict:
@@ -173,13 +182,13 @@ def _torchrun(local_world: int) -> dict:
         (_slurm_step(4), {"SLURM_CPUS_PER_TASK": "8"}, 7, 8),  # one rank per task: all of it
         (_torchrun(4), {"SLURM_CPUS_PER_TASK": "8"}, 1, 2),  # the node's ranks share one task
         (
-            {"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": "2"},
+            {"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": "2", **OUR_LAUNCHER},
             {"SRUN_CPUS_PER_TASK": "8"},
             3,
             4,
         ),  # hpcddp train --nproc 2 inside an allocation
         (
-            {"SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_NTASKS": "4"},
+            {"SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_NTASKS": "4", **SUBMITIT_LAUNCHER},
             {"SLURM_CPUS_PER_TASK": "2"},
             0,
             1,
@@ -190,7 +199,7 @@ def _torchrun(local_world: int) -> dict:
 def test_ranks_in_one_slurm_task_share_its_cpus(launch, cpus, workers, threads):
     from hpcddp.dist.group import cpu_threads
 
-    env = resolve_env(launch, cuda_devices=lambda: 0)
+    env = resolve_env(launch, cuda_devices=lambda: 0, ancestors=lambda: [1])
     assert default_num_workers(env, cpus) == workers
     assert cpu_threads(env, cpus) == threads
 

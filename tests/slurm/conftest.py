@@ -6,11 +6,14 @@ skipping them: a skipped integration test proves nothing. ``HPCDDP_SLURM_INSTANC
 tests on a cluster of their own (nodes c<k>n1, c<k>n2), beside any other.
 """
 
+import contextlib
 import dataclasses
 import os
 import pathlib
+import shlex
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -38,6 +41,27 @@ class SlurmCluster:
     netns_prefix: str  # node N's network namespace is /run/netns/<netns_prefix>N
     # what a user's shell on the login node adds to the environment: at least SLURM_CONF
     cli_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    # each node's cluster interface (names differ between nodes; each also has a decoy ib0)
+    ifnames: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def shaped(self, node: str, what: str) -> Iterator[None]:
+        """Make ``node`` slow for the block (``link=40mbit``, ``cpu=20``), and always undo it."""
+        self._shape(node, what)
+        try:
+            yield
+        finally:
+            self._shape(node, "off")
+
+    def _shape(self, node: str, what: str) -> None:
+        done = subprocess.run(
+            ["bash", str(CLUSTER_SCRIPT), "shape", node, what],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=self.env,
+        )
+        assert done.returncode == 0, done.stderr
 
     def netns(self, node: str) -> str:
         """The network namespace of ``node``, for ``nsenter --net=...``."""
@@ -86,6 +110,14 @@ class SlurmCluster:
         out = self.run("scontrol", "-o", "show", "job", job_id).stdout
         fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
         return self.run("scontrol", "show", "hostnames", fields["NodeList"]).stdout.split()
+
+    def release(self, job_id: str) -> None:
+        """Lift the ~120 s hold (BeginTime) Slurm puts on a requeued, pending job.
+
+        Not to ``now``: a start within the second of the requeue is killed by Slurm
+        ("Killing non-startable batch job: Job credential revoked", measured on 22.05).
+        """
+        self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now+2")
 
     def wait_for(self, job_id: str, states: set[str], timeout: float = 300) -> str:
         """Poll until the job reaches one of ``states``; return the state."""
@@ -154,6 +186,7 @@ def slurm_cluster() -> SlurmCluster:
     exported = dict(
         line.removeprefix("export ").split("=", 1) for line in printed.splitlines() if "=" in line
     )
+    exported = {name: shlex.split(value)[0] if value else "" for name, value in exported.items()}
     conf = exported["SLURM_CONF"]
     env = {**os.environ, "SLURM_CONF": conf}
     nodes = subprocess.run(
@@ -166,6 +199,7 @@ def slurm_cluster() -> SlurmCluster:
         login_addr=exported["HPCDDP_SLURM_LOGIN_ADDR"],
         netns_prefix=exported["HPCDDP_SLURM_NETNS_PREFIX"],
         cli_env={"SLURM_CONF": conf},
+        ifnames=dict(pair.split("=") for pair in exported["HPCDDP_SLURM_IFNAMES"].split()),
     )
 
 

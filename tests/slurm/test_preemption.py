@@ -48,7 +48,7 @@ def test_preempted_twice_then_identical_weights(slurm_cluster, tmp_path):
             )
             slurm_cluster.wait_for(job_id, {"PENDING"}, timeout=60)
             # a requeued job is held ~120 s (BeginTime); release it now
-            slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+            slurm_cluster.release(job_id)
         final = slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
         output = (tmp_path / f"preempt-{job_id}.out").read_text()
         assert final == "COMPLETED", output[-4000:]

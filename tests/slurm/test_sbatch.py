@@ -35,11 +35,13 @@ def test_two_nodes_two_tasks_each(slurm_cluster, tmp_path):
     files = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()}
     logs = {f"logs/rank-{r}.log" for r in range(4)}
     assert logs <= files
-    assert {f for f in files - logs if not f.startswith("checkpoints/")} == {
+    assert {f for f in files - logs if not f.startswith(("checkpoints/", "provenance/"))} == {
         ".lock",  # the run-dir lock: a second run here is refused while this one holds it
         "config.yaml",
         "metrics.jsonl",
         "summary.json",
+        "attempts.jsonl",
+        "provenance.json",
     }
     for rank in range(4):
         text = (run_dir / f"logs/rank-{rank}.log").read_text()

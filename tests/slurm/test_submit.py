@@ -187,7 +187,7 @@ def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path
         wait_until((run_dir / "metrics.jsonl").exists, "the run to start", timeout=90)
         cluster.run("scancel", "--signal=USR2", job.job_id)  # what --signal=USR2@N sends
         cluster.wait_for(job.job_id, {"PENDING"}, timeout=60)  # requeued, held ~120 s
-        cluster.run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
+        cluster.release(job.job_id)
         done = job.result()
     finally:
         cluster.run("scancel", job.job_id, check=False)

@@ -96,26 +96,32 @@ def test_missing_file():
 # --- the reference: every field documented once, beside the field ------------------------
 
 
-def _every_field():
-    for section in dataclasses.fields(Config):
-        for field in dataclasses.fields(field_types(Config)[section.name]):
-            yield f"{section.name}.{field.name}", field
+def _every_field(cls=Config, prefix=""):
+    """(dotted key, field, class that declares it) for every leaf field, nested sections too."""
+    for field in dataclasses.fields(cls):
+        kind, key = field_types(cls)[field.name], f"{prefix}{field.name}"
+        if not dataclasses.is_dataclass(kind):
+            yield key, field, cls
+        elif cls is Config:
+            yield from _every_field(kind, f"{key}.")
+        else:  # a section inside a section (slurm.container) is documented and expanded
+            assert len(field_help(field)) >= 8, f"{key} has no help"
+            yield from _every_field(kind, f"{key}.")
 
 
 def test_every_field_says_what_it_is_for():
-    missing = [key for key, field in _every_field() if len(field_help(field)) < 8]
+    missing = [key for key, field, _ in _every_field() if len(field_help(field)) < 8]
     assert not missing, f"fields without help: {missing}"
 
 
 def test_help_config_lists_every_key_with_type_default_and_help(capsys):
     assert main(["train", "--help-config"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    for key, field in _every_field():
+    for key, field, owner in _every_field():
         line = next((line for line in lines if line.split()[:1] == [key]), None)
         assert line is not None, f"{key} missing from --help-config"
         assert line.rstrip().endswith(field_help(field))
-        kind = type_name(field_types(type(getattr(Config(), key.split(".")[0])))[field.name])
-        assert line.split()[1] == kind
+        assert line.split()[1] == type_name(field_types(owner)[field.name])
 
 
 def test_the_readme_reference_is_generated_from_the_fields():

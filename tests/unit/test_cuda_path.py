@@ -6,6 +6,7 @@ memory, and the autocast dtype and GradScaler per precision.
 """
 
 import dataclasses
+import datetime
 
 import pytest
 import torch
@@ -48,12 +49,14 @@ def test_bind_device_sets_the_current_gpu(monkeypatch):
 def test_nccl_init_names_the_device_and_gloo_does_not(monkeypatch):
     seen = {}
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: seen.update(args=a, **kw))
-    distributed.init_process_group(gpu_rank(2), timeout_s=120)
+    store = dist.HashStore()  # what the rendezvous hands over: the job's TCPStore
+    distributed.init_group(gpu_rank(2), datetime.timedelta(seconds=120), store)
     assert seen["args"] == ("nccl",) and seen["device_id"] == torch.device("cuda:2")
-    assert (seen["rank"], seen["world_size"], seen["init_method"]) == (5, 8, "env://")
+    assert (seen["rank"], seen["world_size"], seen["store"]) == (5, 8, store)
     assert seen["timeout"].total_seconds() == 120
     seen.clear()
-    distributed.init_process_group(dataclasses.replace(gpu_rank(), device="cpu", backend="gloo"))
+    cpu = dataclasses.replace(gpu_rank(), device="cpu", backend="gloo")
+    distributed.init_group(cpu, datetime.timedelta(seconds=300), store)
     assert seen["args"] == ("gloo",) and seen["device_id"] is None
 
 

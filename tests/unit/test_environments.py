@@ -12,8 +12,14 @@ from hpcddp.launch.resolve import choose_device, resolve_env
 NO_GPU = lambda: 0  # noqa: E731
 
 
+LAUNCHERS = [77, 991]  # the pids of the local launchers below, as this process's ancestors
+OUR_LAUNCHER = {"HPCDDP_LOCAL_JOB_ID": "77"}
+
+
 def resolve(environ, gpus=0):
-    return resolve_env(environ, cuda_devices=lambda: gpus, hostname="testhost")
+    return resolve_env(
+        environ, cuda_devices=lambda: gpus, hostname="testhost", ancestors=lambda: LAUNCHERS
+    )
 
 
 def slurm_step(procid, localid, nodeid, **extra):
@@ -176,7 +182,10 @@ def test_inconsistent_slurm_step_is_refused(change, message):
             "WORLD_SIZE='two' is not an integer",
         ),
         ({"TORCHELASTIC_RUN_ID": "x"}, "RANK is not set"),
-        ({"HPCDDP_LOCAL_RANK": "0"}, "HPCDDP_LOCAL_WORLD_SIZE is not set"),
+        (
+            {"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_JOB_ID": "77"},
+            "HPCDDP_LOCAL_WORLD_SIZE is not set",
+        ),
         ({"HPCDDP_BACKEND": "mpi"}, "HPCDDP_BACKEND='mpi' is not one of"),
     ],
 )
@@ -312,7 +321,10 @@ def torchrun_rank(local_rank, local_world, **extra):
     "environ, gpus",
     [
         (torchrun_rank(3, 4), 2),  # torchrun: a node's ranks see the same GPUs
-        ({"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": "3"}, 1),
+        (
+            {"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": "3", "HPCDDP_LOCAL_JOB_ID": "77"},
+            1,
+        ),
         (slurm_step(0, 0, 0), 2),  # 3 tasks on node 0, each sees the same 2 GPUs
     ],
 )

@@ -213,10 +213,41 @@ def golden_cases() -> dict:
             [hostile_override, "data.kwargs={n: 1, s: $(id)}"],
             python="/path with spaces/python",
         ),
+        "apptainer-setup": render(
+            slurm_config(nodes=2, gpus_per_node=4, tasks_per_node=4, **APPTAINER),
+            "configs/llm.yaml",
+            python="/opt/venv/bin/python",
+        ),
+        "pyxis-check": render(slurm_config(nodes=2, **PYXIS), "configs/llm.yaml", check=True),
     }
 
 
-@pytest.mark.parametrize("name", ["defaults", "multinode-gpu", "hostile"])
+# A site's setup and an apptainer image, as a user writes them in the config's slurm section.
+APPTAINER = {
+    "setup": [
+        "module load cuda/12.4",
+        "source /opt/conda/etc/profile.d/conda.sh",
+        "conda activate train",
+        "export NCCL_DEBUG=WARN",
+    ],
+    "container": {
+        "runtime": "apptainer",
+        "image": "/images/train image.sif",
+        "bind": ["/scratch", "/data:/data:ro"],
+        "options": ["--writable-tmpfs"],
+    },
+}
+PYXIS = {
+    "container": {
+        "runtime": "pyxis",
+        "image": "nvcr.io#nvidia/pytorch:24.05-py3",
+        "bind": ["/scratch:/scratch"],
+    }
+}
+GOLDEN_NAMES = ["defaults", "multinode-gpu", "hostile", "apptainer-setup", "pyxis-check"]
+
+
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
 def test_golden(name):
     text, path = golden_cases()[name], GOLDEN / f"{name}.sbatch"
     if os.environ.get("HPCDDP_UPDATE_GOLDEN") == "1":
@@ -226,7 +257,7 @@ def test_golden(name):
     assert text == path.read_text(), f"{path} changed; HPCDDP_UPDATE_GOLDEN=1 rewrites it"
 
 
-@pytest.mark.parametrize("name", ["defaults", "multinode-gpu", "hostile"])
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
 def test_bash_parses_every_golden(name, tmp_path):
     script = tmp_path / "job.sbatch"
     script.write_text(golden_cases()[name])

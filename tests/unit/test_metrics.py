@@ -20,8 +20,9 @@ def evaluate_like_ranks(task, inputs, targets, world, batch_size):
     for rank in range(world):
         env = resolve_env(
             {"HPCDDP_LOCAL_RANK": str(rank), "HPCDDP_LOCAL_WORLD_SIZE": str(world),
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"},
+             "HPCDDP_LOCAL_JOB_ID": "77", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"},
             cuda_devices=lambda: 0,
+            ancestors=lambda: [77],  # as if started by local launcher 77
         )  # fmt: skip
         loader = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, sampler=EvalShard(dataset, env)

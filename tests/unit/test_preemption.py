@@ -1,6 +1,5 @@
 """Stop reasons, the job's end time and requeueing, at Slurm's real edges (PATH, environment)."""
 
-import datetime
 import os
 import signal
 import stat
@@ -22,48 +21,6 @@ def fake_tool(tmp_path, name, script):
 def only_fakes_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     return tmp_path
-
-
-def test_requeue_outside_slurm_says_so():
-    assert preemption.requeue({}) == (False, "not a Slurm job, nothing to requeue")
-
-
-def test_requeue_without_scontrol_says_why(monkeypatch):
-    monkeypatch.setattr(preemption.shutil, "which", lambda name: None)
-    ok, why = preemption.requeue({"SLURM_JOB_ID": "12"})
-    assert not ok and "scontrol is not on PATH" in why
-
-
-def test_requeue_asks_for_the_array_task_not_the_whole_array(only_fakes_on_path):
-    log = only_fakes_on_path / "calls"
-    fake_tool(only_fakes_on_path, "scontrol", f'echo "$@" >> {log}')
-    ok, why = preemption.requeue(
-        {"SLURM_JOB_ID": "107", "SLURM_ARRAY_JOB_ID": "100", "SLURM_ARRAY_TASK_ID": "7"}
-    )
-    assert ok and why == "job 100_7 requeued"
-    assert log.read_text() == "requeue 100_7\n"
-
-
-def test_refused_requeue_is_reported_not_hidden(only_fakes_on_path):
-    fake_tool(
-        only_fakes_on_path,
-        "scontrol",
-        'echo "Requested operation is presently disabled" >&2; exit 1',
-    )
-    ok, why = preemption.requeue({"SLURM_JOB_ID": "12"})
-    assert not ok and why == (
-        "scontrol requeue 12 failed: Requested operation is presently disabled"
-    )
-
-
-def test_job_end_time_from_environment_then_squeue(only_fakes_on_path):
-    assert preemption.job_end_time({"SLURM_JOB_END_TIME": "1700000000"}) == 1700000000.0
-    fake_tool(only_fakes_on_path, "squeue", 'echo "2026-11-21T09:30:00"')
-    expected = datetime.datetime(2026, 11, 21, 9, 30).timestamp()
-    assert preemption.job_end_time({"SLURM_JOB_ID": "12"}) == expected
-    fake_tool(only_fakes_on_path, "squeue", 'echo "N/A"')  # no limit
-    assert preemption.job_end_time({"SLURM_JOB_ID": "12"}) is None
-    assert preemption.job_end_time({}) is None
 
 
 @pytest.mark.parametrize(

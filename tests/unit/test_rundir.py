@@ -1,5 +1,7 @@
-"""The run directory: which config changes a resume accepts; a metrics log that survives a crash."""
+"""The run directory: which config changes a resume accepts, runs never mixed, the code that ran;
+a metrics log that survives a crash."""
 
+import copy
 import json
 import logging
 
@@ -7,8 +9,9 @@ import pytest
 
 from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
+from hpcddp.storage import provenance
 from hpcddp.storage.metrics import MetricsLog
-from hpcddp.storage.rundir import config_differences, prepare
+from hpcddp.storage.rundir import Attempt, config_differences, prepare
 from tests.helpers import QUICKSTART
 
 
@@ -65,3 +68,62 @@ def test_worker_count_is_not_a_resumable_change(tmp_path):
     prepare(load_config(QUICKSTART, [f"run.dir={tmp_path}", "data.num_workers=0"]))
     with pytest.raises(ConfigError, match="data.num_workers: 0 -> 2"):
         prepare(load_config(QUICKSTART, [f"run.dir={tmp_path}", "data.num_workers=2"]))
+
+
+# -- run.resume=false never mixes two runs -------------------------------------------------------
+
+
+def old_run(tmp_path, job=""):
+    """A run directory as an earlier run left it: config, checkpoints up to step 900."""
+    run = tmp_path / "run"
+    prepare(load_config(QUICKSTART, [f"run.dir={run}"]), Attempt(job=job))
+    for step in (800, 900):
+        (run / "checkpoints" / f"step-{step:08d}.pt").write_text("old")
+    return run
+
+
+def test_resume_false_on_an_existing_run_is_refused(tmp_path):
+    run = old_run(tmp_path)
+    with pytest.raises(ConfigError, match=r"run.resume=false but .* already holds a run.*HINT"):
+        prepare(load_config(QUICKSTART, [f"run.dir={run}", "run.resume=false"]))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir())[-1] == "step-00000900.pt"
+
+
+def test_overwrite_moves_the_old_run_aside_whole(tmp_path, caplog):
+    run = old_run(tmp_path)
+    config = load_config(QUICKSTART, [f"run.dir={run}", "run.resume=false", "run.overwrite=true"])
+    with caplog.at_level(logging.WARNING, logger="hpcddp.storage.rundir"):
+        prepare(config)
+    (aside,) = tmp_path.glob("run.old-*")
+    assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == [
+        "step-00000800.pt",
+        "step-00000900.pt",
+    ]
+    assert list((run / "checkpoints").iterdir()) == []  # nothing of the old run to prune or load
+    assert "moved the previous run" in caplog.text
+
+
+def test_a_requeued_attempt_of_the_same_job_continues_with_resume_false(tmp_path):
+    run = old_run(tmp_path, job="4242")
+    config = load_config(QUICKSTART, [f"run.dir={run}", "run.resume=false"])
+    prepare(config, Attempt(job="4242", restart=1))  # its own first attempt wrote it
+    assert (run / "checkpoints" / "step-00000900.pt").exists()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        prepare(config, Attempt(job="4243"))  # another job's run
+
+
+def test_other_code_warns_in_one_line_or_is_refused(tmp_path, monkeypatch, caplog):
+    run = old_run(tmp_path)
+    real = provenance.collect()
+    changed = {**real, "versions": {**real["versions"], "torch": "0.0.1"}}
+    monkeypatch.setattr(provenance, "collect", lambda factories=(): copy.deepcopy(changed))
+    with caplog.at_level(logging.WARNING, logger="hpcddp.storage.rundir"):
+        prepare(load_config(QUICKSTART, [f"run.dir={run}"]))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(
+        f"resuming {run} with other code: torch {real['versions']['torch']} -> 0.0.1"
+    )
+    assert (run / "provenance-1.json").exists()  # what the first attempt ran, kept
+    monkeypatch.setattr(provenance, "collect", lambda factories=(): copy.deepcopy(real))
+    with pytest.raises(ConfigError, match=r"was run with other code \(torch 0.0.1 -> .*same_code"):
+        prepare(load_config(QUICKSTART, [f"run.dir={run}", "run.same_code=true"]))

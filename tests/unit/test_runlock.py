@@ -92,7 +92,7 @@ def test_prepare_takes_the_lock_before_touching_the_config(tmp_path):
     holder.acquire()
     try:
         with pytest.raises(ConfigError, match="in use by another run"):
-            rundir.prepare(config, RunLock(tmp_path))
+            rundir.prepare(config, lock=RunLock(tmp_path))
         assert not (tmp_path / "config.yaml").exists()
     finally:
         holder.release()

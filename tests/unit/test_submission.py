@@ -518,6 +518,7 @@ def test_submit_options_become_slurm_options(monkeypatch):
         "config": "examples/quickstart.yaml",
         "overrides": ["optim.lr=0.1"],
         "cluster": None,
+        "check": False,
         "nodes": 2,
         "tasks_per_node": 4,
         "time_min": 30,
@@ -532,6 +533,9 @@ def test_submit_options_become_slurm_options(monkeypatch):
     args = parse("submit", "--nodes", "3", "x.yaml", "--cluster", "local", "k.v=1")
     assert args.func(args) == 0
     assert (seen["nodes"], seen["cluster"], seen["overrides"]) == (3, "local", ["k.v=1"])
+    args = parse("submit", "x.yaml", "--check", "--nodes", "2")  # the pre-flight, same resources
+    assert args.func(args) == 0
+    assert (seen["check"], seen["nodes"]) == (True, 2)
 
 
 def test_logs_rank_must_not_be_negative():

@@ -1,0 +1,374 @@
+"""`hpcddp check`'s judgement: every rank's facts and the measurements in, problems and a table out.
+
+Pure logic on plain data (the rank side, `hpcddp.dist.preflight`, gathers it), so every rule is
+unit-tested on dictionaries. A problem is an ``error`` when the job would not train (exit
+status 1) and a ``warning`` when it would, badly or fragilely; each says what was seen and
+ends with the fix.
+"""
+
+import collections
+import dataclasses
+import ipaddress
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from hpcddp.launch import hostlist
+
+EPHEMERAL = range(32768, 61000)
+MIN_FREE_MEMORY_GB = 1.0
+MIN_FREE_DISK_GB = 2.0
+SLOW_FACTOR = 4.0  # a link this many times slower than the others is named
+SLOW_COMPUTE_FACTOR = 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One finding: ``error`` (the job would not train) or ``warning``; the text ends with a fix."""
+
+    severity: str
+    text: str
+
+    def line(self) -> str:
+        return f"{self.severity}: {self.text}"
+
+
+Facts = Mapping[str, Any]  # one rank's facts (see `hpcddp.dist.preflight.rank_facts`)
+
+
+def by_host(ranks: Sequence[Facts]) -> dict[str, list[Facts]]:
+    """Ranks grouped by host, hosts in the order of their first rank."""
+    grouped: dict[str, list[Facts]] = collections.defaultdict(list)
+    for facts in sorted(ranks, key=lambda f: f["rank"]):
+        grouped[facts["host"]].append(facts)
+    return dict(grouped)
+
+
+def _hosts(names: Sequence[str]) -> str:
+    try:
+        return hostlist.compress(names)
+    except Exception:  # a name hostlist cannot hold: list them plainly
+        return ",".join(names)
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+# -- name resolution --------------------------------------------------------------------------
+
+
+def own_name_problems(ranks: Sequence[Facts]) -> list[Problem]:
+    """Nodes whose own name resolves to loopback (Debian's ``127.0.1.1 <hostname>`` line)."""
+    looped = {h: f[0]["own_name"] for h, f in by_host(ranks).items() if f[0]["own_name"]}
+    looped = {h: addrs for h, addrs in looped.items() if all(map(_loopback, addrs))}
+    if not looped or len(by_host(ranks)) < 2:
+        return []
+    seen = sorted({a for addrs in looped.values() for a in addrs})
+    return [
+        Problem(
+            "warning",
+            f"{_hosts(list(looped))} resolve their own names to {', '.join(seen)} (Debian's "
+            "127.0.1.1 line): hpcddp binds gloo/NCCL to the interface that routes to the master "
+            "itself, but tools that trust the hostname (plain torchrun, gloo without "
+            "GLOO_SOCKET_IFNAME) advertise loopback and fail. Fix: give each node's name its "
+            "cluster address in /etc/hosts or DNS.",
+        )
+    ]
+
+
+def master_problems(ranks: Sequence[Facts], master_ip: str) -> list[Problem]:
+    """The master's name must resolve, everywhere but on its own node, to an address it holds."""
+    hosts = by_host(ranks)
+    master_host = min(ranks, key=lambda f: f["rank"])["host"]
+    held = {a for addrs in hosts[master_host][0]["interfaces"].values() for a in addrs}
+    name = ranks[0]["master_addr"]
+    problems = []
+    wrong = {
+        h: f[0]["master_resolves"]
+        for h, f in hosts.items()
+        if h != master_host and not set(f[0]["master_resolves"][:1]) & held
+    }
+    if wrong:
+        seen = "; ".join(f"{h}: {', '.join(a) or 'nothing'}" for h, a in wrong.items())
+        problems.append(
+            Problem(
+                "error",
+                f"MASTER_ADDR={name} resolves to an address {master_host} does not hold on "
+                f"{_hosts(list(wrong))} ({seen}). Fix: correct /etc/hosts or DNS there, or "
+                f"export MASTER_ADDR={master_ip}.",
+            )
+        )
+    answers = {tuple(f[0]["master_resolves"][:1]) for h, f in hosts.items() if h != master_host}
+    if len(answers) > 1 and not wrong:
+        problems.append(
+            Problem(
+                "warning",
+                f"MASTER_ADDR={name} resolves to different addresses on different nodes "
+                f"({', '.join(a[0] for a in sorted(answers) if a)}). Fix: give it one address "
+                f"in DNS, or export MASTER_ADDR={master_ip}.",
+            )
+        )
+    return problems
+
+
+def port_problems(port: int, explicit: bool) -> list[Problem]:
+    """A MASTER_PORT chosen by hand inside Linux's ephemeral range collides at random."""
+    if explicit and port in EPHEMERAL:
+        return [
+            Problem(
+                "warning",
+                f"MASTER_PORT={port} is in Linux's ephemeral range (32768-60999), which the "
+                "kernel hands to outgoing connections: it may be taken when the job starts. "
+                "Fix: unset MASTER_PORT (hpcddp derives one per job step) or pick 20000-32767.",
+            )
+        ]
+    return []
+
+
+# -- software ----------------------------------------------------------------------------------
+
+
+def version_problems(ranks: Sequence[Facts]) -> list[Problem]:
+    """torch, hpcddp and Python must match on every node; CUDA and NCCL should."""
+    problems = []
+    for name, severity in (("torch", "error"), ("hpcddp", "error"), ("python", "error")):
+        problems += _mismatch(ranks, name, severity)
+    for name in ("cuda", "nccl"):
+        problems += _mismatch(ranks, name, "warning")
+    return problems
+
+
+def _mismatch(ranks: Sequence[Facts], name: str, severity: str) -> list[Problem]:
+    seen: dict[str, list[str]] = collections.defaultdict(list)
+    for host, facts in by_host(ranks).items():
+        seen[str(facts[0]["versions"].get(name) or "none")].append(host)
+    if len(seen) < 2:
+        return []
+    listed = "; ".join(f"{v} on {_hosts(hosts)}" for v, hosts in seen.items())
+    return [
+        Problem(
+            severity,
+            f"{name} differs between nodes ({listed}): ranks must run the same software. "
+            "Fix: install the same environment on every node (one venv or container image on a "
+            "shared file system).",
+        )
+    ]
+
+
+# -- devices and CPUs ------------------------------------------------------------------------
+
+
+def gpu_problems(ranks: Sequence[Facts], backend: str, gpus_asked: int) -> list[Problem]:
+    """GPUs visible against the node's ranks, and against what the job asked for."""
+    problems = []
+    for host, facts in by_host(ranks).items():
+        visible, tasks = facts[0]["gpus_visible"], len(facts)
+        # Slurm bound GPUs per task when the ranks of a node see different ones (by UUID: with
+        # per-task binding each rank's only GPU is its number 0)
+        seen = {f.get("gpu_uuids") or f["gpu_ids"] for f in facts}
+        bound = len(seen) == tasks > 1
+        if gpus_asked and visible == 0:
+            problems.append(
+                Problem(
+                    "error",
+                    f"{host}: slurm.gpus_per_node={gpus_asked} but its ranks see no GPU. Fix: "
+                    "check CUDA_VISIBLE_DEVICES and the driver there (nvidia-smi), or "
+                    "--gpus-per-node.",
+                )
+            )
+        elif backend == "nccl" and 0 < visible < tasks and not bound:
+            problems.append(
+                Problem(
+                    "error",
+                    f"{host}: {tasks} ranks share {visible} GPU(s); NCCL hangs when two ranks "
+                    "use one GPU. Fix: --gpus-per-task=1, or fewer --ntasks-per-node.",
+                )
+            )
+        elif visible > tasks and not bound:
+            problems.append(
+                Problem(
+                    "warning",
+                    f"{host}: {visible} GPUs visible to {tasks} rank(s): {visible - tasks} stay "
+                    f"idle. Fix: --ntasks-per-node={visible}, or ask for {tasks} GPU(s).",
+                )
+            )
+    return problems
+
+
+def cpu_problems(ranks: Sequence[Facts]) -> list[Problem]:
+    """DataLoader workers against a rank's CPUs; the ``SRUN_CPUS_PER_TASK`` pitfall."""
+    problems = []
+    for host, facts in by_host(ranks).items():
+        f = facts[0]
+        asked = f["slurm_cpus_per_task"]
+        if f["launcher"] == "slurm" and asked and f["cpus"] < asked and not f["srun_cpus_per_task"]:
+            problems.append(
+                Problem(
+                    "warning",
+                    f"{host}: the job asked --cpus-per-task={asked} but each rank got {f['cpus']} "
+                    "CPU(s): since Slurm 22.05 srun does not inherit it. Fix: export "
+                    "SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK before srun (hpcddp's job "
+                    "scripts do), or srun --cpus-per-task.",
+                )
+            )
+        elif f["workers"] >= f["cpus"] > 0 and f["workers"] > 0:
+            problems.append(
+                Problem(
+                    "warning",
+                    f"{host}: data.num_workers gives each rank {f['workers']} loader worker(s) "
+                    f"on {f['cpus']} CPU(s), so loaders and training fight for them. Fix: "
+                    "data.num_workers=-1 (CPUs minus one), or more --cpus-per-task.",
+                )
+            )
+    return problems
+
+
+def resource_problems(ranks: Sequence[Facts]) -> list[Problem]:
+    """Free memory and disk; a run directory that other nodes cannot see."""
+    problems = []
+    for host, facts in by_host(ranks).items():
+        f = facts[0]
+        if f["mem_free_gb"] < MIN_FREE_MEMORY_GB:
+            problems.append(
+                Problem(
+                    "warning",
+                    f"{host}: {f['mem_free_gb']:.1f} GB of memory free. Fix: --mem, or find "
+                    "what else runs there.",
+                )
+            )
+        if f["disk_free_gb"] < MIN_FREE_DISK_GB:
+            problems.append(
+                Problem(
+                    "warning",
+                    f"{host}: {f['disk_free_gb']:.1f} GB free where run.dir is: checkpoints may "
+                    "not fit. Fix: free space, or set run.dir on a larger file system.",
+                )
+            )
+    blind = [h for h, facts in by_host(ranks).items() if not facts[0]["sees_run_dir"]]
+    if blind:
+        problems.append(
+            Problem(
+                "error",
+                f"{_hosts(blind)} cannot see the files rank 0 writes in run.dir "
+                f"({ranks[0]['run_dir']}): resume and checkpoints need one directory every "
+                "node shares. Fix: set run.dir on a shared file system.",
+            )
+        )
+    return problems
+
+
+# -- speed -------------------------------------------------------------------------------------
+
+
+def pair_problems(pairs: Sequence[Mapping[str, Any]]) -> list[Problem]:
+    """Name the node whose transfers are several times slower than the others'.
+
+    A direction ``a -> b`` is slow when it runs ``SLOW_FACTOR`` times below the fastest one;
+    the node that sends in every slow direction (or receives in every one) is named. With two
+    nodes the sender is named and the receiver given as the other possibility.
+    """
+    measured = [p for p in pairs if p.get("gbps")]
+    failed = [p for p in pairs if not p.get("gbps")]
+    problems = [
+        Problem(
+            "error",
+            f"no data went from {p['src']} to {p['dst']} ({p.get('error', 'failed')}). Fix: "
+            f"exclude {p['src']} or {p['dst']} (--exclude) and report it to the admins.",
+        )
+        for p in failed
+    ]
+    if len(measured) < 2:
+        return problems
+    best = max(p["gbps"] for p in measured)
+    slow = [p for p in measured if p["gbps"] * SLOW_FACTOR < best]
+    if not slow:
+        return problems
+    senders = {p["src"] for p in slow}
+    receivers = {p["dst"] for p in slow}
+    node = next(iter(senders)) if len(senders) == 1 else next(iter(receivers), "")
+    side = "outgoing" if len(senders) == 1 else "incoming"
+    other = f" (or {next(iter(receivers))}'s incoming)" if len(senders) == len(receivers) == 1 else ""
+    shown = ", ".join(f"{p['src']} -> {p['dst']} {p['gbps']:.3g} Gb/s" for p in slow)
+    problems.append(
+        Problem(
+            "warning",
+            f"slow node {node}: {shown}, against {best:.3g} Gb/s for the fastest pair; "
+            f"{node}'s {side} link{other} is slow. Fix: exclude it (--exclude={node}) and "
+            "report it to the admins.",
+        )
+    )
+    return problems
+
+
+def compute_problems(ranks: Sequence[Facts]) -> list[Problem]:
+    """A node whose ranks compute several times slower than the fastest node's."""
+    times = {
+        h: min(f["compute_ms"] for f in facts) for h, facts in by_host(ranks).items()
+    }
+    if len(times) < 2:
+        return []
+    fastest = min(times.values())
+    slow = {h: t for h, t in times.items() if t > SLOW_COMPUTE_FACTOR * fastest}
+    return [
+        Problem(
+            "warning",
+            f"slow node {h}: the same computation takes {t:.0f} ms there against {fastest:.0f} ms "
+            "on the fastest node (CPU throttled, shared or clocked down?). Fix: exclude it "
+            f"(--exclude={h}) and report it to the admins.",
+        )
+        for h, t in slow.items()
+    ]
+
+
+def link_problems(allreduce: Mapping[str, Any]) -> list[Problem]:
+    """The all-reduce's bus bandwidth against what the link should give."""
+    link, bus = allreduce.get("link_gbps") or 0, allreduce.get("bus_gbps") or 0
+    if not link or not bus or bus * 4 >= link:
+        return []
+    return [
+        Problem(
+            "warning",
+            f"the all-reduce reaches {bus:.3g} Gb/s of bus bandwidth, {100 * bus / link:.2g}% of "
+            f"the {link:.3g} Gb/s the slowest link reports. Fix: see the node pairs above (a "
+            "slow node slows everyone), and the interface each rank uses.",
+        )
+    ]
+
+
+# -- all of it ---------------------------------------------------------------------------------
+
+
+def merge_hosts(found: Sequence[Problem], hosts: Sequence[str]) -> list[Problem]:
+    """One line for a problem several nodes share: ``n[1-4]: ...`` rather than four lines."""
+    merged: dict[tuple[str, str], list[str]] = {}
+    for problem in found:
+        host, sep, rest = problem.text.partition(": ")
+        key = (problem.severity, rest if sep and host in hosts else problem.text)
+        merged.setdefault(key, []).extend([host] if sep and host in hosts else [])
+    return [
+        Problem(severity, f"{_hosts(names)}: {text}" if names else text)
+        for (severity, text), names in merged.items()
+    ]
+
+
+def problems(report: Mapping[str, Any]) -> list[Problem]:
+    """Every problem, errors first, one line each."""
+    ranks = report["ranks"]
+    rules: list[Callable[[], list[Problem]]] = [
+        lambda: master_problems(ranks, report["master_ip"]),
+        lambda: own_name_problems(ranks),
+        lambda: port_problems(report["master_port"], report["port_explicit"]),
+        lambda: version_problems(ranks),
+        lambda: gpu_problems(ranks, report["backend"], report["gpus_asked"]),
+        lambda: cpu_problems(ranks),
+        lambda: resource_problems(ranks),
+        lambda: link_problems(report["allreduce"]),
+        lambda: pair_problems(report["pairs"]),
+        lambda: compute_problems(ranks),
+    ]
+    found = merge_hosts([p for rule in rules for p in rule()], list(by_host(ranks)))
+    return sorted(found, key=lambda p: p.severity != "error")

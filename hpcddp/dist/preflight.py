@@ -1,0 +1,292 @@
+"""`hpcddp check` on the rank side: join exactly as training would, gather facts, measure, judge.
+
+Every rank resolves its place and meets the others through the same rendezvous as
+`hpcddp.Trainer` (so a refusal or a wrong interface shows up here first), then reports its
+host, CPUs, GPUs, interface, versions, free memory and disk, and what the master's and its own
+name resolve to. Rank 0 then times an all-reduce, a transfer in each direction between every
+pair of nodes (one pair at a time), and the same computation on every rank, and judges the
+lot (`hpcddp.dist.checkup`).
+"""
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import os
+import pathlib
+import platform
+import secrets
+import shutil
+import socket
+import statistics
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from hpcddp.config import Config
+from hpcddp.dist import checkup, collectives
+from hpcddp.dist.group import Joined, joined
+from hpcddp.errors import HpcddpError
+from hpcddp.launch import netif
+from hpcddp.launch.distenv import DistEnv
+from hpcddp.launch.resolve import cpus_for_this_rank, place
+
+SMALL_BYTES = 8  # the latency probe
+PAIR_BYTES = 4 << 20
+COMPUTE = (384, 8)  # an N x N matmul, this many times
+COMPUTE_WHAT = f"{COMPUTE[0]}x{COMPUTE[0]} matmul x{COMPUTE[1]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What the check found; the report and problems on rank 0 only (None elsewhere)."""
+
+    report: dict[str, Any] | None
+    problems: list[checkup.Problem]
+    errors: int  # the same on every rank
+
+
+def _versions() -> dict[str, str]:
+    nccl = ""
+    if torch.cuda.is_available():
+        with contextlib.suppress(Exception):
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    try:
+        ours = importlib.metadata.version("hpcddp")
+    except importlib.metadata.PackageNotFoundError:
+        ours = ""
+    return {
+        "torch": torch.__version__,
+        "hpcddp": ours,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda or "",
+        "nccl": nccl,
+    }
+
+
+def _existing(path: pathlib.Path) -> pathlib.Path:
+    """The path itself or its nearest existing parent (for free disk before the run exists)."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _gpus(environ: Mapping[str, str]) -> tuple[int, str, str]:
+    """How many GPUs this rank sees, their ids as CUDA numbers them here, and their UUIDs.
+
+    The UUIDs tell two ranks that each see "GPU 0" apart: with per-task binding every rank's
+    only GPU is number 0, yet they are different devices.
+    """
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not visible:
+        return 0, "", ""
+    ids = environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(visible)))
+    uuids = []
+    for index in range(visible):
+        with contextlib.suppress(Exception):
+            uuids.append(str(torch.cuda.get_device_properties(index).uuid)[:8])
+    return visible, ids, ",".join(uuids)
+
+
+def _workers(config: Config, env: DistEnv, cpus: int, environ: Mapping[str, str]) -> int:
+    """The DataLoader workers the trainer would start (`hpcddp.train.data`'s rule)."""
+    if config.data.num_workers >= 0:
+        return config.data.num_workers
+    share = cpus_for_this_rank(env, environ)
+    return max((share if share is not None else cpus) - 1, 0)
+
+
+def _compute_ms(device: torch.device) -> float:
+    """The same small computation on every rank: a throttled or shared node shows here."""
+    size, repeats = COMPUTE
+    a = torch.randn(size, size, device=device)
+    (a @ a).sum().item()  # warm-up
+    timings = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a = torch.tanh(a @ a)
+        a.sum().item()  # waits for the device
+        timings.append((time.perf_counter() - start) * 1000)
+    return min(timings)  # a busy moment only slows a run down; a slow CPU slows them all
+
+
+def rank_facts(
+    env: DistEnv, done: Joined, config: Config, environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """This rank's row of the table, and what the rules need besides."""
+    network = done.meeting.network if done.meeting else None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    visible, ids, uuids = _gpus(environ)
+    run_dir = pathlib.Path(config.run.dir)
+    slurm_cpus = environ.get("SLURM_CPUS_PER_TASK", "")
+    return {
+        "rank": env.rank,
+        "local_rank": env.local_rank,
+        "local_world_size": env.local_world_size,
+        "host": env.hostname,
+        "launcher": env.launcher,
+        "master_addr": env.master_addr,
+        "cpus": cpus or 1,
+        "slurm_cpus_per_task": int(slurm_cpus) if slurm_cpus.isdigit() else 0,
+        "srun_cpus_per_task": environ.get("SRUN_CPUS_PER_TASK", ""),
+        "workers": _workers(config, env, cpus or 1, environ),
+        "gpus_visible": visible,
+        "gpu_ids": ids,
+        "gpu_uuids": uuids,
+        "interface": network.interface if network else "",
+        "address": network.address if network else "",
+        "link_mbps": netif.link_speed_mbps(network.interface) if network else 0,
+        "interfaces": {n: [a for a, _ in addrs] for n, addrs in netif.interfaces().items()},
+        "master_resolves": netif.resolve(env.master_addr),
+        "own_name": netif.resolve(socket.gethostname()),
+        "versions": _versions(),
+        "mem_free_gb": psutil.virtual_memory().available / 2**30,
+        "disk_free_gb": shutil.disk_usage(_existing(run_dir)).free / 2**30,
+        "run_dir": str(run_dir),
+        "compute_ms": _compute_ms(done.device),
+    }
+
+
+@contextlib.contextmanager
+def _token_in(run_dir: pathlib.Path, rank: int) -> Iterator[str]:
+    """Rank 0 leaves a token in the run directory: who else sees it shares the directory."""
+    token = ""
+    made = not run_dir.exists()
+    if rank == 0:
+        token = secrets.token_hex(8)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / f".hpcddp-check-{token}").write_text(token)
+    token = collectives.broadcast_object(token)
+    try:
+        yield token
+    finally:
+        collectives.all_gather_object(None)  # everyone looked before it goes
+        if rank == 0:
+            (run_dir / f".hpcddp-check-{token}").unlink(missing_ok=True)
+            if made:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()
+
+
+def _allreduce(env: DistEnv, device: torch.device, nbytes: int, repeats: int) -> float:
+    """Median milliseconds of one all-reduce of ``nbytes`` over every rank.
+
+    A slow network gets fewer repeats (about two seconds' worth after the warm-up), so a check
+    on a crawling link still ends in seconds.
+    """
+    tensor = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+    start = time.perf_counter()
+    dist.all_reduce(tensor)  # warm-up: connections and buffers
+    took = collectives.broadcast_object(time.perf_counter() - start)  # every rank the same
+    repeats = max(1, min(repeats, int(2.0 / max(took, 1e-6))))
+    timings = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timings.append((time.perf_counter() - start) * 1000)
+    return statistics.median(timings)
+
+
+def measure_allreduce(env: DistEnv, device: torch.device, size_mb: float) -> dict[str, Any]:
+    """Latency (8 bytes) and bus bandwidth (``size_mb``), NCCL's busbw convention."""
+    nbytes = int(size_mb * (1 << 20)) // 4 * 4
+    small_ms = _allreduce(env, device, SMALL_BYTES, 10)
+    ms = _allreduce(env, device, nbytes, 5)
+    n = env.world_size
+    bus = nbytes * 8 * 2 * (n - 1) / n / (ms / 1000) / 1e9 if n > 1 else 0.0
+    timings = {"small_bytes": SMALL_BYTES, "small_ms": small_ms, "bytes": nbytes, "ms": ms}
+    return {**timings, "bus_gbps": bus}
+
+
+def _transfer_s(env: DistEnv, tensor: torch.Tensor, src: int, dst: int) -> float:
+    """Seconds for ``src`` to send ``tensor`` to ``dst``, as ``dst`` saw it (0 elsewhere)."""
+    dist.barrier()
+    start = time.perf_counter()
+    if env.rank == src:
+        dist.send(tensor, dst)
+    elif env.rank == dst:
+        dist.recv(tensor, src)
+        if tensor.device.type == "cuda":
+            torch.cuda.synchronize(tensor.device)
+    return time.perf_counter() - start if env.rank == dst else 0.0
+
+
+def measure_pairs(
+    env: DistEnv, device: torch.device, leaders: Mapping[str, int], nbytes: int, repeats: int = 3
+) -> list[dict[str, Any]]:
+    """Each ordered pair of nodes in turn, the others idle: the first rank of one node sends to
+    the first of the other. The best of ``repeats`` counts: a busy moment only slows a transfer,
+    while a slow link slows all of them."""
+    tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    results = []
+    for src_host, src in leaders.items():
+        for dst_host, dst in leaders.items():
+            if src == dst:
+                continue
+            _transfer_s(env, tensor[:1024], src, dst)  # warm-up: buffers, the first packets
+            best = min(_transfer_s(env, tensor, src, dst) for _ in range(repeats))
+            measured = collectives.broadcast_object(best if env.rank == dst else None, src=dst)
+            gbps = nbytes * 8 / measured / 1e9 if measured else 0.0
+            results.append({"src": src_host, "dst": dst_host, "gbps": gbps})
+    return results
+
+
+def _leaders(ranks: list[dict[str, Any]]) -> dict[str, int]:
+    return {host: facts[0]["rank"] for host, facts in checkup.by_host(ranks).items()}
+
+
+def _report(env: DistEnv, done: Joined, config: Config, size_mb: float) -> dict[str, Any] | None:
+    """Gather everyone's facts and measure, inside the group; the report on rank 0."""
+    with _token_in(pathlib.Path(config.run.dir), env.rank) as token:
+        mine = rank_facts(env, done, config, os.environ)
+        mine["sees_run_dir"] = (pathlib.Path(config.run.dir) / f".hpcddp-check-{token}").exists()
+    ranks = collectives.all_gather_object(mine)
+    allreduce = measure_allreduce(env, done.device, size_mb)
+    links = [f["link_mbps"] for f in ranks if f["link_mbps"]]
+    allreduce["link_gbps"] = min(links) / 1000 if links and len(_leaders(ranks)) > 1 else 0.0
+    pairs = measure_pairs(env, done.device, _leaders(ranks), PAIR_BYTES)
+    if not env.is_main:
+        return None
+    network = done.meeting.network if done.meeting else None
+    return {
+        "ranks": ranks,
+        "job_id": env.job_id,
+        "backend": env.backend,
+        "master_addr": env.master_addr,
+        "master_port": env.master_port,
+        "master_ip": network.master_ip if network else "",
+        # a local launcher's port was free a moment ago; a Slurm job's was chosen by hand
+        "port_explicit": env.launcher == "slurm" and bool(os.environ.get("MASTER_PORT")),
+        "gpus_asked": config.slurm.gpus_per_node if env.launcher == "slurm" else 0,
+        "allreduce": allreduce,
+        "pairs": pairs,
+        "pair_bytes": PAIR_BYTES,
+        "compute_what": COMPUTE_WHAT,
+    }
+
+
+def check(config: Config, size_mb: float = 16.0, env: DistEnv | None = None) -> Outcome:
+    """Run the pre-flight on this rank; every rank returns the same number of errors."""
+    refusal: HpcddpError | None = None
+    if env is None:
+        env, refusal = place()
+    if config.dist.backend:
+        env = dataclasses.replace(env, backend=config.dist.backend)
+    # the check's own collectives wait at most this long for a node that cannot keep up
+    timeout_s = min(config.dist.timeout_s, 120.0)
+    with joined(
+        env, timeout_s, socket_ifname=config.dist.socket_ifname, refusal=refusal
+    ) as done:
+        torch.manual_seed(env.rank)
+        report = _report(env, done, config, size_mb)
+        found = checkup.problems(report) if report is not None else []
+        errors = collectives.broadcast_object(sum(p.severity == "error" for p in found))
+    return Outcome(report, found, errors)

@@ -1,0 +1,61 @@
+"""What every task of a submitted job runs: training, or the pre-flight (picklable callables).
+
+submitit pickles these on the login node and calls them in each task; torch and the rank side
+are imported inside ``__call__``, so submitting never imports them.
+"""
+
+from typing import Any
+
+from submitit.core.utils import DelayedSubmission
+
+from hpcddp.config import Config
+
+
+class TrainTask:
+    """What every task of a submitted job runs: the shared trainer on one config (picklable)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def __call__(self) -> dict[str, Any]:
+        """Train (or resume) on this task's rank; the run's summary, or why it stopped."""
+        from hpcddp.train.trainer import Trainer  # torch is imported in the job, not at submission
+
+        result = Trainer(config=self.config).fit()
+        if result.get("stopped") and result.get("requeued"):
+            # Slurm restarts the job and its rerun resumes from the checkpoint. Leaving without
+            # a result (submitit writes none on SystemExit) keeps job.result() waiting for it.
+            raise SystemExit(0)
+        return result
+
+    def checkpoint(self) -> DelayedSubmission:
+        """submitit's hook for a signal that arrives outside training: requeue, then resume."""
+        return DelayedSubmission(self)
+
+    def __repr__(self) -> str:
+        return f"TrainTask(run.dir={self.config.run.dir!r})"
+
+
+class CheckTask:
+    """What every task of a submitted pre-flight runs: `hpcddp check` on one config (picklable).
+
+    Rank 0 prints the table into the job's output; the result is the report and the problems
+    (rank 0's), or the number of errors on the other ranks.
+    """
+
+    def __init__(self, config: Config, size_mb: float = 16.0) -> None:
+        self.config, self.size_mb = config, size_mb
+
+    def __call__(self) -> dict[str, Any]:
+        """Run the check on this task's rank (torch is imported here, in the job)."""
+        from hpcddp.dist.checktable import as_text
+        from hpcddp.dist.preflight import check
+
+        outcome = check(self.config, self.size_mb)
+        if outcome.report is not None:
+            print(as_text(outcome.report, outcome.problems), flush=True)
+        problems = [p.line() for p in outcome.problems]
+        return {"errors": outcome.errors, "problems": problems, "report": outcome.report}
+
+    def __repr__(self) -> str:
+        return f"CheckTask(run.dir={self.config.run.dir!r})"

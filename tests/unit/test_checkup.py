@@ -1,0 +1,243 @@
+"""`hpcddp check`'s rules and table on plain facts: each problem found, named and fixed."""
+
+import copy
+
+import pytest
+
+from hpcddp.dist import checktable, checkup
+
+N1 = {"lo": ["127.0.0.1"], "ib0": ["172.31.0.11"], "eth0": ["10.0.0.11"]}
+N2 = {"lo": ["127.0.0.1"], "ib0": ["172.31.0.12"], "ens4": ["10.0.0.12"]}
+VERSIONS = {"torch": "2.13.0", "hpcddp": "0.1.0", "python": "3.11.2", "cuda": "", "nccl": ""}
+
+
+def rank(r, host, **changes):
+    """One rank's facts on a healthy 2-node, 2-ranks-per-node CPU job."""
+    facts = {
+        "rank": r,
+        "local_rank": r % 2,
+        "local_world_size": 2,
+        "host": host,
+        "launcher": "slurm",
+        "master_addr": "n1",
+        "cpus": 4,
+        "slurm_cpus_per_task": 4,
+        "srun_cpus_per_task": "4",
+        "workers": 3,
+        "gpus_visible": 0,
+        "gpu_ids": "",
+        "interface": "eth0" if host == "n1" else "ens4",
+        "address": "10.0.0.11" if host == "n1" else "10.0.0.12",
+        "link_mbps": 10000,
+        "interfaces": N1 if host == "n1" else N2,
+        "master_resolves": ["10.0.0.11"],
+        "own_name": ["10.0.0.11"] if host == "n1" else ["10.0.0.12"],
+        "versions": dict(VERSIONS),
+        "mem_free_gb": 100.0,
+        "disk_free_gb": 500.0,
+        "run_dir": "/shared/run",
+        "sees_run_dir": True,
+        "compute_ms": 10.0,
+    }
+    facts.update(changes)
+    return facts
+
+
+def report(ranks=None, **changes):
+    base = {
+        "ranks": ranks or [rank(0, "n1"), rank(1, "n1"), rank(2, "n2"), rank(3, "n2")],
+        "job_id": "77",
+        "backend": "gloo",
+        "master_addr": "n1",
+        "master_port": 24000,
+        "master_ip": "10.0.0.11",
+        "port_explicit": False,
+        "gpus_asked": 0,
+        "allreduce": {
+            "small_bytes": 8,
+            "small_ms": 0.5,
+            "bytes": 16 << 20,
+            "ms": 30.0,
+            "bus_gbps": 6.7,
+            "link_gbps": 10.0,
+        },
+        "pairs": [
+            {"src": "n1", "dst": "n2", "gbps": 14.0},
+            {"src": "n2", "dst": "n1", "gbps": 15.0},
+        ],
+        "pair_bytes": 4 << 20,
+        "compute_what": "384x384 matmul x8",
+    }
+    base.update(changes)
+    return base
+
+
+def lines(found):
+    return [p.line() for p in found]
+
+
+def test_a_healthy_job_has_no_problems_and_says_it_would_train():
+    good = report()
+    assert checkup.problems(good) == []
+    text = checktable.as_text(good, [])
+    assert text.splitlines()[-1] == "no problems found: the job should train."
+    header = text.splitlines()[2].split()
+    assert header[:5] == ["rank", "host", "local", "cpus", "gpus"]
+    assert "2     n2    0/2    4     -     ens4 10.0.0.12" in text
+    assert "node pairs (4 MB each way): n1 -> n2 14 Gb/s, n2 -> n1 15 Gb/s" in text
+
+
+def with_ranks(**changes_by_host):
+    """The healthy job with some hosts' facts changed."""
+    ranks = []
+    for r, host in enumerate(["n1", "n1", "n2", "n2"]):
+        ranks.append(rank(r, host, **changes_by_host.get(host, {})))
+    return ranks
+
+
+def test_debian_127_0_1_1_is_a_warning_that_names_the_nodes():
+    debian = with_ranks(n1={"own_name": ["127.0.1.1"]}, n2={"own_name": ["127.0.1.1"]})
+    (found,) = checkup.problems(report(debian))
+    assert found.severity == "warning"
+    assert found.text.startswith("n[1-2] resolve their own names to 127.0.1.1")
+
+
+def test_a_node_resolving_the_master_elsewhere_is_an_error():
+    wrong = with_ranks(n2={"master_resolves": ["10.9.9.9"]})
+    found = checkup.problems(report(wrong))
+    assert lines(found)[0].startswith(
+        "error: MASTER_ADDR=n1 resolves to an address n1 does not hold on n2 (n2: 10.9.9.9)"
+    )
+
+
+def test_mismatched_torch_is_an_error_naming_each_version_and_its_nodes():
+    skew = with_ranks(n2={"versions": {**VERSIONS, "torch": "2.12.0"}})
+    found = checkup.problems(report(skew))
+    assert lines(found) == [
+        "error: torch differs between nodes (2.13.0 on n1; 2.12.0 on n2): ranks must run the "
+        "same software. Fix: install the same environment on every node (one venv or container "
+        "image on a shared file system)."
+    ]
+    text = checktable.as_text(report(skew), found)
+    assert text.splitlines()[-1] == "1 error(s), 0 warning(s): the job would not train."
+
+
+@pytest.mark.parametrize(
+    "facts, backend, asked, words",
+    [
+        (
+            {"gpus_visible": 0},
+            "gloo",
+            4,
+            "error: n1: slurm.gpus_per_node=4 but its ranks see no GPU",
+        ),
+        ({"gpus_visible": 1}, "nccl", 0, "error: n1: 2 ranks share 1 GPU(s); NCCL hangs"),
+        (
+            {"gpus_visible": 4, "gpu_ids": "0,1,2,3"},
+            "nccl",
+            0,
+            "warning: n1: 4 GPUs visible to 2 rank(s): 2 stay idle",
+        ),
+    ],
+)
+def test_gpus_against_tasks(facts, backend, asked, words):
+    ranks = with_ranks(n1=facts, n2={"gpus_visible": 2, "gpu_ids": "0,1"} if asked == 0 else facts)
+    found = checkup.gpu_problems(ranks, backend, asked)
+    assert lines(found)[0].startswith(words)
+
+
+def test_per_task_gpus_are_told_apart_by_uuid_not_by_number():
+    bound = [rank(r, "n1", gpus_visible=1, gpu_ids="0", gpu_uuids=f"uuid-{r}") for r in range(2)]
+    assert checkup.gpu_problems(bound, "nccl", 2) == []
+    shared = [rank(r, "n1", gpus_visible=1, gpu_ids="0", gpu_uuids="uuid-0") for r in range(2)]
+    assert lines(checkup.gpu_problems(shared, "nccl", 1))[0].startswith("error: n1: 2 ranks share")
+
+
+def test_srun_cpus_per_task_pitfall_and_starving_loaders():
+    pitfall = with_ranks(n2={"cpus": 1, "srun_cpus_per_task": ""})
+    (found,) = checkup.cpu_problems(pitfall)
+    assert found.text.startswith("n2: the job asked --cpus-per-task=4 but each rank got 1 CPU(s)")
+    assert "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK" in found.text
+    starving = with_ranks(n1={"workers": 8, "cpus": 4, "slurm_cpus_per_task": 0})
+    (found,) = checkup.cpu_problems(starving)
+    assert found.text.startswith(
+        "n1: data.num_workers gives each rank 8 loader worker(s) on 4 CPU(s)"
+    )
+
+
+def test_a_problem_every_node_has_is_one_line_naming_them_all():
+    starving = {"workers": 8, "cpus": 4, "slurm_cpus_per_task": 0}
+    found = checkup.problems(report(with_ranks(n1=starving, n2=starving)))
+    assert lines(found) == [
+        "warning: n[1-2]: data.num_workers gives each rank 8 loader worker(s) on 4 CPU(s), so "
+        "loaders and training fight for them. Fix: data.num_workers=-1 (CPUs minus one), or more "
+        "--cpus-per-task."
+    ]
+
+
+def test_a_run_dir_other_nodes_cannot_see_is_an_error():
+    (found,) = checkup.resource_problems(with_ranks(n2={"sees_run_dir": False}))
+    assert found.line().startswith("error: n2 cannot see the files rank 0 writes in run.dir")
+
+
+def test_low_memory_and_disk_are_warnings():
+    found = checkup.resource_problems(with_ranks(n1={"mem_free_gb": 0.5, "disk_free_gb": 1.0}))
+    assert [p.text.split(":")[1].strip()[:14] for p in found] == [
+        "0.5 GB of memo",
+        "1.0 GB free wh",
+    ]
+
+
+def test_a_slow_sender_is_named_with_two_nodes_and_three():
+    two = [{"src": "n1", "dst": "n2", "gbps": 15.0}, {"src": "n2", "dst": "n1", "gbps": 0.04}]
+    (found,) = checkup.pair_problems(two)
+    assert found.text.startswith("slow node n2: n2 -> n1 0.04 Gb/s, against 15 Gb/s")
+    assert "n2's outgoing link (or n1's incoming) is slow" in found.text
+    three = [
+        {"src": a, "dst": b, "gbps": 0.05 if a == "n3" else 12.0}
+        for a in ("n1", "n2", "n3")
+        for b in ("n1", "n2", "n3")
+        if a != b
+    ]
+    (found,) = checkup.pair_problems(three)
+    assert found.text.startswith("slow node n3:") and "n3's outgoing link is slow" in found.text
+    receiving = [dict(p, gbps=0.05 if p["dst"] == "n1" else 12.0) for p in three]
+    (found,) = checkup.pair_problems(receiving)
+    assert found.text.startswith("slow node n1:") and "n1's incoming link is slow" in found.text
+
+
+def test_noise_between_healthy_pairs_names_no_one():
+    noisy = [{"src": "n1", "dst": "n2", "gbps": 9.0}, {"src": "n2", "dst": "n1", "gbps": 14.0}]
+    assert checkup.pair_problems(noisy) == []
+
+
+def test_a_pair_that_moved_nothing_is_an_error():
+    (found,) = checkup.pair_problems(
+        [{"src": "n1", "dst": "n2", "gbps": 0.0, "error": "timed out"}]
+    )
+    assert found.line().startswith("error: no data went from n1 to n2 (timed out)")
+
+
+def test_a_throttled_cpu_is_named():
+    (found,) = checkup.compute_problems(with_ranks(n2={"compute_ms": 85.0}))
+    assert found.text.startswith(
+        "slow node n2: the same computation takes 85 ms there against 10 ms"
+    )
+
+
+def test_bus_bandwidth_far_below_the_link_is_a_warning():
+    slow = report(allreduce={**report()["allreduce"], "bus_gbps": 0.04})
+    assert any(
+        "0.4% of the 10 Gb/s the slowest link reports" in p.text for p in checkup.problems(slow)
+    )
+
+
+def test_a_hand_picked_port_in_the_ephemeral_range_is_a_warning():
+    assert checkup.port_problems(40000, True)[0].text.startswith("MASTER_PORT=40000 is in Linux's")
+    assert checkup.port_problems(40000, False) == [] and checkup.port_problems(25000, True) == []
+
+
+def test_errors_come_before_warnings():
+    older = {"own_name": ["127.0.1.1"], "versions": {**VERSIONS, "hpcddp": "0.0.9"}}
+    both = copy.deepcopy(with_ranks(n1={"own_name": ["127.0.1.1"]}, n2=older))
+    assert [p.severity for p in checkup.problems(report(both))] == ["error", "warning"]
