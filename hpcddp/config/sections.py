@@ -196,6 +196,14 @@ class TrainConfig:
     checkpoint_async: bool = setting(
         True, "write checkpoints in the background; training waits only for a copy to memory"
     )
+    count_flops: bool = setting(
+        True, "count the model's FLOPs once (torch.utils.flop_counter) for TFLOP/s and MFU"
+    )
+    peak_tflops: float = setting(
+        0.0,
+        "one device's peak TFLOP/s, for MFU; 0: the dense bf16/fp16 peak of a known GPU "
+        "(H100, A100, ...), no MFU on the CPU",
+    )
 
     def __post_init__(self) -> None:
         _positive(
@@ -214,6 +222,7 @@ class TrainConfig:
             stop_after_steps=self.stop_after_steps,
             stop_before_end_s=self.stop_before_end_s,
             nonfinite_max_skips=self.nonfinite_max_skips,
+            peak_tflops=self.peak_tflops,
         )
         _one_of("train", "nonfinite", self.nonfinite, ("stop", "skip", "off"))
 

@@ -1,8 +1,8 @@
 """``hpcddp plot RUN_DIR``: the figures people look at, from a run's metrics.jsonl, as one PNG.
 
 Panels: loss (train and eval), the other eval metrics (accuracy, perplexity, MSE...),
-throughput (samples/s, tokens/s), and the spread of per-rank step times (fastest, median,
-slowest rank: a wide band is a slow node). Every attempt that resumed after a preemption or a
+throughput (samples/s, tokens/s), the step time and the spread of each rank's own work per step
+(fastest, median, slowest rank: a wide band is a slow node). Every attempt that resumed after a preemption or a
 requeue is a dashed vertical line. Damaged lines (a run killed mid-write, a full disk) are
 skipped and counted, never fatal. matplotlib is an optional extra (``pip install
 'hpcddp[plot]'``), imported only when a plot is drawn, on the Agg backend (no display needed).
@@ -120,12 +120,13 @@ def _draw_throughput(ax: Any, m: Metrics) -> None:
 
 
 def _draw_spread(ax: Any, m: Metrics) -> None:
-    steps, low = _series(m.train, "step_time_s_min")
-    _, high = _series(m.train, "step_time_s_max")
+    steps, low = _series(m.train, "work_s_min")
+    _, high = _series(m.train, "work_s_max")
     if steps and len(low) == len(high):
-        ax.fill_between(steps, low, high, alpha=0.3, label="fastest to slowest rank")
-    ax.plot(*_series(m.train, "step_time_s"), color="tab:red", label="median rank")
-    ax.set_ylabel("step time (s)")
+        ax.fill_between(steps, low, high, alpha=0.3, label="own work: fastest to slowest rank")
+    ax.plot(*_series(m.train, "work_s_median"), color="tab:orange", label="own work: median rank")
+    ax.plot(*_series(m.train, "step_time_s"), color="tab:red", label="step time")
+    ax.set_ylabel("seconds per step")
     if ax.lines:
         ax.legend()
 

@@ -161,3 +161,9 @@ def size_of(batch: Any) -> int:
     """Samples in a batch: the leading size of its first tensor (0 for none)."""
     first = next(tensors_in(batch), None)
     return int(first.shape[0]) if first is not None and first.dim() > 0 else 0
+
+
+def tokens_of(batch: Any) -> int:
+    """Tokens in a language-model batch (its ``input_ids``, padding included); 0 otherwise."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    return int(ids.numel()) if isinstance(ids, torch.Tensor) else 0

@@ -7,6 +7,7 @@ on. Rank discipline is visible where it happens: files and prints under ``is_mai
 reaches every collective.
 """
 
+import contextlib
 import faulthandler
 import json
 import logging
@@ -14,7 +15,7 @@ import math
 import os
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,38 +27,22 @@ from hpcddp.errors import ConfigError, DistributedError, NonFiniteError
 from hpcddp.launch import deadline, requeue
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.progress import ProgressBar, bar
-from hpcddp.storage import attempts
+from hpcddp.storage import attempts, provenance
 from hpcddp.storage.atomic import atomic_write_text
 from hpcddp.storage.metrics import MetricsLog
 from hpcddp.storage.rundir import Attempt
-from hpcddp.train import batches, data, ddp, evaluation, guard, preemption, rng
+from hpcddp.storage.tracking import Tracker
+from hpcddp.train import batches, data, ddp, evaluation, flops, guard, preemption, rng, telemetry
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.optim import make_optimizer, make_scheduler
 from hpcddp.train.state import Progress, weights_sha256
 from hpcddp.train.stepping import Stepper
 from hpcddp.train.task import Task
+from hpcddp.train.timeline import Timeline, summarise, table
 
 log = logging.getLogger(__name__)
 
-
-class Throughput:
-    """Samples per second between two logging steps."""
-
-    def __init__(self, samples_per_step: int) -> None:
-        self.samples_per_step = samples_per_step
-        self.since, self.since_step = time.perf_counter(), 0
-
-    def restart(self, step: int) -> None:
-        """Count from now and from ``step``."""
-        self.since, self.since_step = time.perf_counter(), step
-
-    def rate(self, step: int) -> float:
-        """Samples per second since the last restart; restarts the count."""
-        now = time.perf_counter()
-        samples = (step - self.since_step) * self.samples_per_step
-        rate = samples / max(now - self.since, 1e-9)
-        self.since, self.since_step = now, step
-        return rate
+SLOW_RANK_WARNING = 1.5  # a rank this many times the median step time is named in the log
 
 
 class TrainingRun:
@@ -73,8 +58,10 @@ class TrainingRun:
         run_dir: pathlib.Path,
         stop_flag: preemption.StopFlag,
         attempt: Attempt | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
+        self.timeline = timeline or Timeline()
         self.attempt = attempt or Attempt(job=env.job_id, nodes=(env.hostname,))
         # installed by the caller for the whole run: a signal during set-up is a clean stop
         self.stop_flag = stop_flag
@@ -100,9 +87,10 @@ class TrainingRun:
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.scaler = ddp.make_scaler(cfg.train.precision)
         self.guard = guard.Guard(cfg.train, device, scaled=self.scaler is not None)
+        self.clock = telemetry.IntervalClock(device)
         self.stepper = Stepper(
             cfg, device, self.ddp, self.model, self.optimizer, self.scheduler, self.scaler,
-            self.task, self.guard,
+            self.task, self.guard, self.clock,
         )  # fmt: skip
         self.checkpoints = Checkpointer(
             run_dir,
@@ -113,6 +101,13 @@ class TrainingRun:
         )
         # creating its side group is a collective: every rank makes it here, in the same order
         self.vote = preemption.StopVote(env.backend, env.distributed)
+        self.hosts: list[str] = collectives.all_gather_object(env.hostname)
+        self.figures = telemetry.RankFigures(env.rank, env.world_size, self.hosts)  # same
+        self.logged: dict[str, Any] | None = None  # rank 0's logged step, awaiting its figures
+        self.latest_figures: dict[str, Any] = {}
+        self.flops_per_sample = 0.0  # counted on the bucket-settling pass
+        self.peak_flops = flops.peak_flops(device, cfg.train.precision, cfg.train.peak_tflops)
+        self.train_ended = 0.0
         self.progress = Progress()
         self.nonfinite_local = False  # whether this rank's own loss was the non-finite one
         self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
@@ -121,9 +116,6 @@ class TrainingRun:
         self.metrics: MetricsLog | None = None  # rank 0's metrics.jsonl, once resumed
         self.last_eval: dict[str, float] | None = None
         self.bar = ProgressBar(enabled=env.is_main)
-        self.throughput = Throughput(
-            cfg.data.batch_size * env.world_size * cfg.train.grad_accum_steps
-        )
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -132,7 +124,12 @@ class TrainingRun:
         try:
             # before resume: its forward may read the dataset, which may draw random numbers
             first = ddp.first_batch(self.train_loader.dataset, self.cfg.data.batch_size)
-            with self.guard.find_probe(self.model):
+            count = self.cfg.train.count_flops and not self.cfg.train.compile
+            with (
+                self.timeline.phase("buckets"),
+                flops.counting(count) as counted,
+                self.guard.find_probe(self.model),
+            ):
                 ddp.settle_buckets(
                     self.ddp,
                     self.model,
@@ -140,12 +137,16 @@ class TrainingRun:
                     self.cfg.train.precision,
                     self.task,
                 )
+            self.flops_per_sample = counted() / max(batches.size_of(first), 1)
             self._resume()
             collectives.on_rank_zero(self._open_metrics, self.env.rank, "open metrics.jsonl")
             self.deadline = self._deadline()
             reason = self._train()
+            self.train_ended = time.perf_counter()
+            self._write_logged_step()
             self.vote.result()  # drain the last vote so no collective is left in flight
-            self.checkpoints.wait()  # a write still in the background is part of the run
+            with self.timeline.phase("checkpoint"):
+                self.checkpoints.wait()  # a write still in the background is part of the run
             if reason == preemption.STOP_NONFINITE:
                 self._refuse_nonfinite()
             return self._stopped(reason) if reason else self._finish()
@@ -175,8 +176,32 @@ class TrainingRun:
             self.progress = resumed
 
     def _open_metrics(self) -> None:
-        """Rank 0's metrics.jsonl, forgetting lines past the checkpoint it resumed from."""
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.progress.step)
+        """Rank 0's metrics.jsonl and trackers, forgetting what came after the checkpoint."""
+        tracking, step = self.cfg.tracking, self.progress.step
+        tracker = None
+        if tracking.backends:
+            project = tracking.project or self.cfg.run.name
+            tracker = Tracker(tracking.backends, self.run_dir, step, self._params(), project)
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", step, tracker)
+
+    def _params(self) -> dict[str, Any]:
+        """What a tracking run records about itself: config, world, hosts, code."""
+        try:
+            code = provenance.load(self.run_dir) or {}
+        except ValueError:
+            code = {}
+        return {
+            "config": self.cfg.to_dict(),
+            "world_size": self.env.world_size,
+            "hosts": sorted(set(self.hosts)),
+            "launcher": self.env.launcher,
+            "job_id": self.env.job_id,
+            "code": [
+                {"commit": tree.get("commit"), "dirty": tree.get("dirty")}
+                for tree in code.get("trees", [])
+            ],
+            "versions": code.get("versions", {}),
+        }
 
     def _deadline(self) -> float | None:
         """When to stop on our own, ahead of the job's time limit (rank 0 asks Slurm).
@@ -248,10 +273,13 @@ class TrainingRun:
                 skip_batches=self.progress.batch,
             )
             loader, left = iter(self.train_loader), len(self.train_loader)
-            self.throughput.restart(self.progress.step)
             while left > 0 and self.progress.step < self.total_steps:
                 window = min(t.grad_accum_steps, left)
-                loss, nonfinite = self.stepper.step(loader, window)
+                started = time.perf_counter()
+                logging_next = (self.progress.step + 1) % t.log_every_steps == 0
+                loss, nonfinite = self.stepper.step(loader, window, logging_next)
+                if self.progress.step == self.resumed_step:
+                    self.timeline.add("first_step", time.perf_counter() - started)
                 left -= window
                 self.progress.batch += window
                 self.progress.step += 1
@@ -271,13 +299,16 @@ class TrainingRun:
         return preemption.CARRY_ON
 
     def _draw_bar(self) -> None:
-        """Rank 0's terminal line; the loss is the last logged one (no sync here)."""
-        loss = self.progress.last_loss
-        self.bar.update(
-            f"{bar(self.progress.step, self.total_steps)} step "
-            f"{self.progress.step}/{self.total_steps} epoch {self.progress.epoch} "
-            f"loss {'-' if math.isnan(loss) else f'{loss:.4f}'}"
+        """Rank 0's terminal line: figures from the last logging step (no sync here)."""
+        loss, step, figures = self.progress.last_loss, self.progress.step, self.latest_figures
+        line = (
+            f"{bar(step, self.total_steps)} step {step}/{self.total_steps} "
+            f"epoch {self.progress.epoch} loss {'-' if math.isnan(loss) else f'{loss:.4f}'}"
         )
+        if figures:
+            eta = (self.total_steps - step) * figures["step_time_s"]
+            line += f" {figures['samples_per_s']:.4g} samples/s ETA {_clock(eta)}"
+        self.bar.update(line)
 
     def _stop_for_nonfinite(self, nonfinite: bool, loss: torch.Tensor) -> bool:
         """Count a non-finite step; True when the policy says the run ends here.
@@ -315,6 +346,7 @@ class TrainingRun:
 
     def _after_step(self, loss: torch.Tensor, epoch_done: bool) -> int:
         """Log, evaluate and checkpoint on schedule; a stop reason when the run must stop now."""
+        self._write_logged_step()  # the previous logging step's figures have arrived by now
         t, step = self.cfg.train, self.progress.step
         last = step == self.total_steps
         reason = self._stop_reason(step, last)
@@ -338,7 +370,8 @@ class TrainingRun:
                 self.progress.skipped_steps += 1
                 self.nonfinite_local = False
                 return preemption.STOP_NONFINITE
-            self.checkpoints.save(self.progress, epoch_done)
+            with self._outside_steps("checkpoint"):
+                self.checkpoints.save(self.progress, epoch_done)
             self.vote.restart(step)
         return reason
 
@@ -356,23 +389,22 @@ class TrainingRun:
         return preemption.CARRY_ON
 
     def _log_step(self, loss: torch.Tensor) -> None:
-        """All-reduce the step's loss (a sync point, so only on logging steps) and record it."""
+        """All-reduce the step's loss (a sync point, so only on logging steps); send figures.
+
+        Every rank's telemetry for the interval is gathered in the background; the metrics
+        line is written one step later, with them (`_write_logged_step`).
+        """
         if self.env.distributed:
             nccl = self.env.backend == "nccl"
             dist.all_reduce(loss, op=dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
             loss = loss if nccl else loss / self.env.world_size
         self.progress.last_loss = loss.item()
-        samples_per_s = self.throughput.rate(self.progress.step)
+        self.figures.start(self.progress.step, self.clock.close_interval())
         if self.metrics:
-            self.bar.clear()
             lr = self.scheduler.get_last_lr()[0]
-            self.metrics.write(
-                step=self.progress.step,
-                epoch=self.progress.epoch,
-                loss=self.progress.last_loss,
-                lr=lr,
-                samples_per_s=round(samples_per_s, 1),
-            )
+            self.logged = {"step": self.progress.step, "epoch": self.progress.epoch,
+                           "loss": self.progress.last_loss, "lr": lr}  # fmt: skip
+            self.bar.clear()
             log.info(
                 "step %d/%d epoch %d loss %.4f lr %.3g",
                 self.progress.step,
@@ -382,16 +414,53 @@ class TrainingRun:
                 lr,
             )
 
+    def _write_logged_step(self) -> None:
+        """The last logged step's metrics line, with every rank's figures (rank 0 writes)."""
+        figures = self.figures.finish()  # every rank: completes its part of the gather
+        line, self.logged = self.logged, None
+        if figures is None or line is None or self.metrics is None:
+            return
+        figures.pop("step")
+        if self.flops_per_sample:
+            figures |= flops.utilisation(
+                self.flops_per_sample,
+                figures["samples_per_s"],
+                self.env.world_size,
+                self.peak_flops,
+            )
+        self.latest_figures = figures
+        self.metrics.write(**line, **figures)
+        slow = figures["slowest_vs_median"]
+        if self.env.world_size > 1 and slow >= SLOW_RANK_WARNING:
+            log.warning(
+                "rank %d on %s is %.2fx slower than the median rank (steps %d..%d)",
+                figures["slowest_rank"], figures["slowest_host"], slow,
+                line["step"] - self.cfg.train.log_every_steps + 1, line["step"],
+            )  # fmt: skip
+
+    @contextlib.contextmanager
+    def _outside_steps(self, phase: str) -> Iterator[None]:
+        """Time an evaluation or a save for the timeline, and keep it out of step times."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - started
+            self.timeline.add(phase, spent)
+            self.clock.exclude(spent)
+
     # -- evaluation ------------------------------------------------------------------------
 
     def evaluate(self, record: bool = True) -> dict[str, float] | None:
         """The task's metrics over the eval set (every rank its shard), logged on rank 0."""
         if self.eval_loader is None:
             return None
-        ddp.sync_buffers(self.model)
-        result = evaluation.evaluate(
-            self.model, self.eval_loader, self.task, self.device, self.cfg.train.precision
-        )
+        self._write_logged_step()  # the step's line before its evaluation's
+        with self._outside_steps("evaluation"):
+            ddp.sync_buffers(self.model)
+            result = evaluation.evaluate(
+                self.model, self.eval_loader, self.task, self.device, self.cfg.train.precision
+            )
         self.last_eval = result
         if self.metrics and record:
             self.bar.clear()
@@ -408,14 +477,16 @@ class TrainingRun:
             self.evaluate(record=False)  # re-run of a finished run: same weights, same metrics
         ddp.sync_buffers(self.model)
         digest = weights_sha256(self.model)
-        gathered = collectives.all_gather_object((digest, self.env.hostname))
-        digests, hosts = [d for d, _ in gathered], [h for _, h in gathered]
+        self.timeline.add("teardown", time.perf_counter() - self.train_ended)
+        gathered = collectives.all_gather_object((digest, self.env.hostname, self.timeline.seconds))
+        digests, hosts = [d for d, _, _ in gathered], [h for _, h, _ in gathered]
         if len(set(digests)) > 1:
             bad = [r for r, d in enumerate(digests) if d != digests[0]]
             raise DistributedError(
                 f"model weights differ across ranks (ranks {bad} disagree "
                 "with rank 0): DDP replicas diverged."
             )
+        timeline = summarise([seconds for _, _, seconds in gathered], hosts)
         summary = {
             "world_size": self.env.world_size,
             "hosts": list(hosts),
@@ -427,6 +498,7 @@ class TrainingRun:
             "launcher": self.env.launcher,
             "job_id": self.env.job_id,
             **(self.last_eval or {}),
+            "timeline": timeline,
         }
         if self.env.is_main:
             # a re-run of a finished run trains nothing and changes nothing
@@ -443,4 +515,11 @@ class TrainingRun:
                 summary["final_loss"],
                 digest[:12],
             )
+            log.info("where the time went (seconds per rank):\n%s", table(timeline))
         return summary
+
+
+def _clock(seconds: float) -> str:
+    """``1:02:03`` for an ETA."""
+    seconds = max(int(seconds), 0)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

@@ -6,6 +6,7 @@ parity test compares bit for bit with a hand-written loop, reads in one place.
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from hpcddp.config import Config
 from hpcddp.train import batches, ddp
 from hpcddp.train.guard import Guard
 from hpcddp.train.task import Task
+from hpcddp.train.telemetry import IntervalClock
 
 
 @dataclasses.dataclass
@@ -31,24 +33,41 @@ class Stepper:
     scaler: "torch.amp.GradScaler | None"
     task: Task
     guard: Guard
+    clock: IntervalClock
 
-    def step(self, loader: Iterator[Any], window: int) -> tuple[torch.Tensor, bool]:
+    def step(
+        self, loader: Iterator[Any], window: int, logging_next: bool = False
+    ) -> tuple[torch.Tensor, bool]:
         """Train on ``window`` micro-batches; (summed loss, whether the step was non-finite).
 
         Gradients sync on the last micro-batch only. A non-finite step is not applied: the
-        optimizer does not move and its gradients are dropped.
+        optimizer does not move and its gradients are dropped. The clock counts the time
+        blocked on the loader, the samples and tokens seen, and (when ``measures_split``) the
+        forward / backward / optimizer split.
         """
+        clock = self.clock
+        measured = clock.measures_split(logging_next)
         total = torch.zeros((), device=self.device)
+        samples = tokens = 0
         for i in range(window):
-            batch = batches.to_device(next(loader), self.device)
+            waited = time.perf_counter()
+            raw = next(loader)
+            clock.add("data_wait_s", time.perf_counter() - waited)
+            samples, tokens = samples + batches.size_of(raw), tokens + batches.tokens_of(raw)
+            batch = batches.to_device(raw, self.device)
             sync = contextlib.nullcontext() if i == window - 1 else self.ddp.no_sync()
             with sync:
-                with ddp.autocast(self.cfg.train.precision, self.device):
-                    loss = self.task.loss(self.ddp, self.model, batch) / window
-                loss = self.guard.seeded(loss)
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
+                with clock.phase("forward_s", measured):
+                    with ddp.autocast(self.cfg.train.precision, self.device):
+                        loss = self.task.loss(self.ddp, self.model, batch) / window
+                    loss = self.guard.seeded(loss)
+                with clock.phase("backward_s", measured):
+                    (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
-        return total, self._optimizer_step()
+        with clock.phase("optimizer_s", measured):
+            nonfinite = self._optimizer_step()
+        clock.step(samples, tokens, measured)
+        return total, nonfinite
 
     def _optimizer_step(self) -> bool:
         """Unscale, check, clip, step; True (and no step) when the gradients are not finite."""

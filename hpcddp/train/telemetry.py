@@ -6,7 +6,7 @@ logging steps (`IntervalClock`: step time, time blocked on the DataLoader, the f
 backward / optimizer split, samples and tokens, peak memory); at a logging step the ranks
 gather these few numbers over a gloo side group, asynchronously, so the step never waits for
 it (`RankFigures`); rank 0 reads them a step later and logs the job's figures with the slowest
-rank, its host and how much slower than the median it is (`summarise`).
+rank, its host and how much more work per step it takes than the median rank (`summarise`).
 """
 
 import contextlib
@@ -76,6 +76,10 @@ class IntervalClock:
     def add(self, phase: str, seconds: float) -> None:
         """Count ``seconds`` spent in ``phase`` (data_wait_s, forward_s, ...)."""
         self.totals[phase] += seconds
+
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` spent outside the steps (an evaluation, a save) out of step time."""
+        self.started += seconds
 
     def step(self, samples: int, tokens: int, measured: bool) -> None:
         """One optimizer step done, with the samples and tokens it consumed on this rank."""
@@ -155,19 +159,25 @@ class Slowest:
 
 
 def summarise(rows: list[dict[str, float]], hosts: list[str]) -> dict[str, Any]:
-    """The job's figures for one interval from every rank's row (rank order)."""
+    """The job's figures for one interval from every rank's row (rank order).
+
+    Every rank's wall time per step is the same give or take: DDP makes the fast ranks wait
+    for the slow one in the gradient all-reduce. So the slowest rank is found by its own work
+    per step (`WORK_PHASES`, which never wait for a peer), and the step time is the median.
+    """
     per_step = [_per_step(row) for row in rows]
-    step_times = [row["step_time_s"] for row in per_step]
-    median = statistics.median(step_times)
-    slow = max(range(len(rows)), key=lambda r: step_times[r])
-    wall = max(row["wall_s"] for row in rows) or 1e-9
+    work = [row["work_s"] for row in per_step]
+    median = statistics.median(work)
+    slow = max(range(len(rows)), key=lambda r: work[r])
+    wall = statistics.median(row["wall_s"] for row in rows) or 1e-9  # the ranks' interval
     figures: dict[str, Any] = {
-        "step_time_s": round(median, 6),
-        "step_time_s_min": round(min(step_times), 6),
-        "step_time_s_max": round(step_times[slow], 6),
+        "step_time_s": round(statistics.median(row["step_time_s"] for row in per_step), 6),
+        "work_s_min": round(min(work), 6),
+        "work_s_median": round(median, 6),
+        "work_s_max": round(work[slow], 6),
         "slowest_rank": slow,
         "slowest_host": hosts[slow] if slow < len(hosts) else "?",
-        "slowest_vs_median": round(step_times[slow] / median, 3) if median > 0 else 1.0,
+        "slowest_vs_median": round(work[slow] / median, 3) if median > 0 else 1.0,
         "samples_per_s": round(sum(row["samples"] for row in rows) / wall, 2),
         "rss_gb_max": round(max(row["rss_peak_bytes"] for row in rows) / 1e9, 3),
     }
@@ -182,14 +192,21 @@ def summarise(rows: list[dict[str, float]], hosts: list[str]) -> dict[str, Any]:
     return figures
 
 
+# A rank's own work in a step: the phases in which it never waits for another rank (the
+# backward holds the gradient all-reduce, where the fast ranks wait for the slow one).
+WORK_PHASES = ("data_wait_s", "forward_s", "optimizer_s")
+
+
 def _per_step(row: dict[str, float]) -> dict[str, float]:
     """Interval totals as seconds per step (the phases were measured on some steps only)."""
     steps = max(row["steps"], 1.0)
     split = max(row["split_steps"], 1.0)
-    return {
+    figures = {
         "step_time_s": row["wall_s"] / steps,
         "data_wait_s": row["data_wait_s"] / steps,
         "forward_s": row["forward_s"] / split,
         "backward_s": row["backward_s"] / split,
         "optimizer_s": row["optimizer_s"] / split,
     }
+    figures["work_s"] = sum(figures[phase] for phase in WORK_PHASES)
+    return figures

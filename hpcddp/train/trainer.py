@@ -12,6 +12,7 @@ import logging
 import os
 import pathlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from hpcddp.train import preemption
 from hpcddp.train.factories import import_factory
 from hpcddp.train.logs import FILE_ONLY, setup_logging, teardown_logging
 from hpcddp.train.loop import TrainingRun
+from hpcddp.train.timeline import Timeline, since_process_start
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,11 @@ class Trainer:
         # A rank's own refusal (no GPU on its node, say) is told to every rank when they meet,
         # so all of them stop at once instead of waiting for this one.
         refusal: HpcddpError | None = None
+        timeline = Timeline()
+        timeline.add("import", since_process_start())
         if env is None:
-            env, refusal = place()
+            with timeline.phase("env"):
+                env, refusal = place()
         if self.config.dist.backend:
             env = dataclasses.replace(env, backend=self.config.dist.backend)
         try:
@@ -73,22 +78,29 @@ class Trainer:
         if in_main_thread:  # Python lets only the main thread handle signals
             stop_flag.install()
         try:
-            return self._fit(env, stop_flag, refusal)
+            return self._fit(env, stop_flag, refusal, timeline)
         finally:
             if in_main_thread:
                 stop_flag.uninstall()
 
     def _fit(
-        self, env: DistEnv, stop_flag: preemption.StopFlag, refusal: HpcddpError | None
+        self,
+        env: DistEnv,
+        stop_flag: preemption.StopFlag,
+        refusal: HpcddpError | None,
+        timeline: Timeline,
     ) -> dict[str, Any]:
         dist_cfg = self.config.dist
         lock = RunLock(pathlib.Path(self.config.run.dir))  # rank 0 takes it in prepare
+        meeting = time.perf_counter()
         with (
             joined(
                 env, dist_cfg.timeout_s, socket_ifname=dist_cfg.socket_ifname, refusal=refusal
             ) as done,
             _released(lock),
         ):
+            timeline.add("rendezvous", time.perf_counter() - meeting)
+            setup = time.perf_counter()
             attempt = _attempt(env, done)
             run_dir = collective.on_rank_zero(
                 lambda: rundir.prepare(self.config, attempt, lock=lock),
@@ -98,7 +110,8 @@ class Trainer:
             setup_logging(env, run_dir / "logs")
             _log_place(env, done)
             try:
-                return self._run(env, done.device, run_dir, stop_flag, attempt)
+                timeline.add("setup", time.perf_counter() - setup)
+                return self._run(env, done.device, run_dir, stop_flag, attempt, timeline)
             except HpcddpError as err:  # printed once, by rank 0 or the launcher; kept by all
                 log.error("%s", err, extra=FILE_ONLY)
                 raise
@@ -113,11 +126,21 @@ class Trainer:
         run_dir: pathlib.Path,
         stop_flag: preemption.StopFlag,
         attempt: rundir.Attempt,
+        timeline: Timeline,
     ) -> dict[str, Any]:
         """Build and execute the run here, so nothing holds it once this returns."""
-        run = TrainingRun(
-            self.model_fn, self.dataset_fn, self.config, env, device, run_dir, stop_flag, attempt
-        )
+        with timeline.phase("setup"):  # the model, data, optimizer and DDP: user code runs
+            run = TrainingRun(
+                self.model_fn,
+                self.dataset_fn,
+                self.config,
+                env,
+                device,
+                run_dir,
+                stop_flag,
+                attempt,
+                timeline,
+            )
         return run.execute()
 
 

@@ -1,11 +1,13 @@
-"""Preemption on the real cluster: a 2-node job stopped twice by USR2, requeued, resumed, exact."""
+"""Preemption on the real cluster: a 2-node job stopped twice by USR2, requeued, resumed, exact;
+its TensorBoard run is one run that holds each step once, as an uninterrupted run's does."""
 
 import pytest
 
 from tests.helpers import QUICK, summary, wait_for_step, wait_until
 
 pytestmark = pytest.mark.slow
-LONGER = [*QUICK, "train.epochs=6", "train.log_every_steps=1"]
+LONGER = [*QUICK, "train.epochs=6", "train.log_every_steps=1", "tracking.backends=[tensorboard]"]
+SAME_IN_EVERY_RUN = ("loss", "lr", "eval_loss", "eval_accuracy")  # not the timings
 
 
 def test_preempted_twice_then_identical_weights(slurm_cluster, tmp_path):
@@ -60,3 +62,22 @@ def test_preempted_twice_then_identical_weights(slurm_cluster, tmp_path):
     assert got["steps"] == expected["steps"]
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*.pt"))
     assert checkpoints  # the stops left complete checkpoints behind, then the final one
+
+    # TensorBoard's own reader: three attempts' event files are one run, every step once.
+    straight, preempted = scalars(tmp_path / "straight"), scalars(run_dir)
+    assert len(list((run_dir / "tracking" / "tensorboard").glob("events.out.tfevents.*"))) == 3
+    assert [step for step, _ in preempted["loss"]] == list(range(1, expected["steps"] + 1))
+    assert preempted == straight
+
+
+def scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) per tag, as TensorBoard shows them (purged points gone)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tracking" / "tensorboard"))
+    events.Reload()
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)]
+        for tag in SAME_IN_EVERY_RUN
+        if tag in events.Tags()["scalars"]
+    }

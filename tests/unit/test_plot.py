@@ -118,14 +118,14 @@ def test_resumes_and_the_per_rank_spread_are_read_for_drawing(tmp_path):
     extra = [
         {"step": 60, "event": "resumed", "slurm_restart_count": "1"},
         {"step": 150, "event": "resumed", "slurm_restart_count": "2"},
-        {"step": 160, "loss": 0.5, "step_time_s": 0.1, "step_time_s_min": 0.09,
-         "step_time_s_max": 0.4, "slowest_rank": 3, "slowest_host": "n2"},
+        {"step": 160, "loss": 0.5, "step_time_s": 0.4, "work_s_min": 0.09,
+         "work_s_median": 0.1, "work_s_max": 0.4, "slowest_rank": 3, "slowest_host": "n2"},
     ]  # fmt: skip
     with path.open("a") as f:
         f.writelines(json.dumps(record) + "\n" for record in extra)
     metrics = plot.read_metrics(path)
     assert metrics.resumes == [60, 150]
-    assert plot._series(metrics.train, "step_time_s_max") == ([160], [0.4])
+    assert plot._series(metrics.train, "work_s_max") == ([160], [0.4])
     assert plot._eval_keys(metrics.evals) == ["eval_accuracy"]
     assert "2 resume(s)" in plot._caption(metrics)
     assert plot.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)

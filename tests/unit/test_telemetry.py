@@ -18,14 +18,20 @@ def row(step_time_s: float, steps: int = 10, **extra: float) -> dict[str, float]
     return base
 
 
-def test_the_slowest_rank_is_named_with_its_host_and_its_lag():
-    rows = [row(0.10), row(0.11), row(0.10), row(0.25, data_wait_s=1.2)]
+def test_the_slowest_rank_is_the_one_with_the_most_work_not_the_longest_wall_time():
+    """DDP evens wall times out (fast ranks wait in backward); own work tells them apart."""
+    rows = [
+        row(0.25, forward_s=0.5, backward_s=1.9),  # per step: 0.05 own work, waits in backward
+        row(0.25, forward_s=0.6, backward_s=1.8),
+        row(0.26, forward_s=0.5, backward_s=2.0),
+        row(0.25, forward_s=1.8, backward_s=0.5, data_wait_s=0.2),  # 0.2 own work: the slow one
+    ]
     figures = summarise(rows, HOSTS)
     assert (figures["slowest_rank"], figures["slowest_host"]) == (3, "n2")
-    assert figures["slowest_vs_median"] == pytest.approx(0.25 / 0.105, rel=1e-3)
-    assert figures["step_time_s"] == pytest.approx(0.105)
-    assert (figures["step_time_s_min"], figures["step_time_s_max"]) == (0.10, 0.25)
-    assert figures["data_wait_s"] == pytest.approx(0.12)  # the worst rank's, per step
+    assert figures["slowest_vs_median"] == pytest.approx(0.2 / 0.055, rel=1e-3)
+    assert figures["step_time_s"] == pytest.approx(0.25)
+    assert (figures["work_s_min"], figures["work_s_max"]) == (0.05, 0.2)
+    assert figures["data_wait_s"] == pytest.approx(0.02)  # the worst rank's, per step
 
 
 def test_throughput_counts_the_samples_each_rank_really_drew():

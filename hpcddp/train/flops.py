@@ -1,0 +1,58 @@
+"""Model FLOPs utilisation: the model's FLOPs counted once, set against the device's peak.
+
+Counting is exact and free of guesses (``torch.utils.flop_counter`` records every matmul and
+convolution a real forward and backward dispatch), but it slows the step it watches, so it
+watches one: the bucket-settling pass before training, which runs forward and backward on the
+first batch. A peak is only known for GPUs whose dense bf16/fp16 tensor-core figure is public;
+on the CPU, or at fp32, the achieved TFLOP/s is still logged, without an MFU.
+"""
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+# Dense (no sparsity) bf16/fp16 tensor-core TFLOP/s from the vendors' data sheets; the first
+# name that is part of torch.cuda.get_device_name() wins, so the longer names come first.
+KNOWN_PEAK_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),
+    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("V100", 125.0),
+)
+
+
+@contextlib.contextmanager
+def counting(enabled: bool) -> Iterator[Callable[[], int]]:
+    """Count the FLOPs of the body; the yielded function reads the total (0 when disabled)."""
+    if not enabled:
+        yield lambda: 0
+        return
+    counter = FlopCounterMode(display=False)
+    with counter:
+        yield counter.get_total_flops
+
+
+def peak_flops(device: torch.device, precision: str, configured_tflops: float) -> float | None:
+    """One device's peak FLOP/s: the configured one, else a known GPU's at bf16/fp16."""
+    if configured_tflops:
+        return configured_tflops * 1e12
+    if device.type != "cuda" or precision not in ("bf16", "fp16"):
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((tf * 1e12 for known, tf in KNOWN_PEAK_TFLOPS if known in name), None)
+
+
+def utilisation(
+    flops_per_sample: float, samples_per_s: float, devices: int, peak: float | None
+) -> dict[str, float]:
+    """Achieved TFLOP/s per device and, with a known peak, the MFU (0..1)."""
+    achieved = flops_per_sample * samples_per_s / max(devices, 1)
+    figures = {"tflops_per_device": round(achieved / 1e12, 4)}
+    if peak:
+        figures["mfu"] = round(achieved / peak, 4)
+    return figures

@@ -1,0 +1,41 @@
+"""Per-rank telemetry on the real cluster: a rank held back by its node is named, by host, in
+metrics.jsonl, the log and `hpcddp status`; the summary holds the start-up timeline."""
+
+import json
+
+import pytest
+
+from hpcddp.train.timeline import PHASES
+from tests.helpers import QUICK, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_slowed_node_is_named_as_the_slowest_rank(slurm_cluster, tmp_path):
+    slow = slurm_cluster.nodes[1]
+    run_dir = tmp_path / "run"
+    job_id, output = slurm_cluster.sbatch(
+        tmp_path,
+        "sbatch/train.sh",
+        "examples/quickstart.yaml",
+        f"run.dir={run_dir}",
+        *QUICK,
+        "train.log_every_steps=4",
+        "model.factory=tests.slow_rank:make_model",
+        f"model.kwargs={{host: {slow}, delay_s: 0.02}}",
+        options=("--nodes=2", "--ntasks-per-node=1", "--job-name=slowrank"),
+    )
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "loss" in line]
+    assert steps and all(line["slowest_host"] == slow for line in steps), steps
+    assert all(line["slowest_rank"] == 1 and line["slowest_vs_median"] > 1.5 for line in steps)
+    assert all(line["work_s_max"] >= 0.02 > line["work_s_min"] for line in steps)  # the sleep
+    assert all(line["samples_per_s"] > 0 and line["forward_s"] > 0 for line in steps)
+    assert f"rank 1 on {slow} is" in output  # rank 0's warning in the job's output
+
+    status = run_cli("status", str(run_dir), env=slurm_cluster.cli_env)
+    assert f"slowest_host:     {slow}" in status.stdout, status.stdout
+
+    timeline = json.loads((run_dir / "summary.json").read_text())["timeline"]
+    assert list(timeline) == list(PHASES)
+    assert all(row["max_s"] >= row["median_s"] >= 0 for row in timeline.values())
