@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def test_a_slowed_node_is_named_as_the_slowest_rank(slurm_cluster, tmp_path):
     slow = slurm_cluster.nodes[1]
     run_dir = tmp_path / "run"
-    job_id, output = slurm_cluster.sbatch(
+    _, output = slurm_cluster.sbatch(
         tmp_path,
         "sbatch/train.sh",
         "examples/quickstart.yaml",
