@@ -3,9 +3,9 @@
 Panels: loss (train and eval), the other eval metrics (accuracy, perplexity, MSE...),
 throughput (samples/s, tokens/s), the step time and the spread of each rank's own work per
 step (fastest, median, slowest rank: a wide band is a slow node). Every attempt that resumed
-after a preemption or a requeue is a dashed vertical line. Damaged lines (a run killed mid-write, a full disk) are
-skipped and counted, never fatal. matplotlib is an optional extra (``pip install
-'hpcddp[plot]'``), imported only when a plot is drawn, on the Agg backend (no display needed).
+after a preemption or a requeue is a dashed vertical line. Damaged lines (a run killed
+mid-write, a full disk) are skipped and counted, never fatal. matplotlib is an optional extra
+(``pip install 'hpcddp[plot]'``), imported only when a plot is drawn, on the Agg backend.
 """
 
 import dataclasses
