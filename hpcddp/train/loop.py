@@ -346,7 +346,7 @@ class TrainingRun:
 
     def _after_step(self, loss: torch.Tensor, epoch_done: bool) -> int:
         """Log, evaluate and checkpoint on schedule; a stop reason when the run must stop now."""
-        self._write_logged_step()  # the previous logging step's figures have arrived by now
+        self._write_logged_step(wait=False)  # if every rank's figures have arrived
         t, step = self.cfg.train, self.progress.step
         last = step == self.total_steps
         reason = self._stop_reason(step, last)
@@ -392,13 +392,14 @@ class TrainingRun:
         """All-reduce the step's loss (a sync point, so only on logging steps); send figures.
 
         Every rank's telemetry for the interval is gathered in the background; the metrics
-        line is written one step later, with them (`_write_logged_step`).
+        line is written once they have arrived, with them (`_write_logged_step`).
         """
         if self.env.distributed:
             nccl = self.env.backend == "nccl"
             dist.all_reduce(loss, op=dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
             loss = loss if nccl else loss / self.env.world_size
         self.progress.last_loss = loss.item()
+        self._write_logged_step()  # the previous interval's, if its gather was slow
         self.figures.start(self.progress.step, self.clock.close_interval())
         if self.metrics:
             lr = self.scheduler.get_last_lr()[0]
@@ -414,9 +415,14 @@ class TrainingRun:
                 lr,
             )
 
-    def _write_logged_step(self) -> None:
-        """The last logged step's metrics line, with every rank's figures (rank 0 writes)."""
-        figures = self.figures.finish()  # every rank: completes its part of the gather
+    def _write_logged_step(self, wait: bool = True) -> None:
+        """The last logged step's metrics line, with every rank's figures (rank 0 writes).
+
+        Without ``wait`` only once the gather has completed: a step never waits for it.
+        """
+        figures = self.figures.finish(wait)  # every rank: completes its part of the gather
+        if figures is None and self.figures.pending:
+            return  # still in flight
         line, self.logged = self.logged, None
         if figures is None or line is None or self.metrics is None:
             return

@@ -110,8 +110,9 @@ class RankFigures:
     """Gathers every rank's interval vector without making the training step wait.
 
     `start` posts an asynchronous all-gather on a gloo side group (made here: a collective, so
-    every rank builds this object at the same point); `finish`, called a step later, waits for
-    a transfer that has long completed and returns rank 0's summary.
+    every rank builds this object at the same point); `finish` is asked after every step, and
+    answers once the transfer has completed, which it waits for only at the next logging step,
+    an evaluation or the end.
     """
 
     def __init__(self, rank: int, world_size: int, hosts: list[str]) -> None:
@@ -135,11 +136,16 @@ class RankFigures:
         else:
             self.work = dist.all_gather(self.parts, vector, group=self.group, async_op=True)
 
-    def finish(self) -> dict[str, Any] | None:
-        """The job's figures for the interval (rank 0), or None (other ranks, nothing pending)."""
+    def finish(self, wait: bool = True) -> dict[str, Any] | None:
+        """The job's figures for the interval (rank 0), or None (other ranks, nothing pending).
+
+        Without ``wait``, a gather still in flight is left to run: None now, ask again later.
+        """
         if not self.pending:
             return None
         if self.work is not None:
+            if not wait and not self.work.is_completed():
+                return None
             self.work.wait()
             self.work = None
         step, self.step = self.step, 0

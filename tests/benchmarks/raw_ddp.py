@@ -2,8 +2,8 @@
 
 What a careful user writes from the PyTorch tutorial, launched with ``srun`` (one task per
 rank): read the rank and world from Slurm's variables, take the first host of the step as the
-master, join a gloo group, then the same work the trainer does in the benchmark's config: the
-quickstart model and data, DistributedSampler, DDP, AdamW, STEPS optimizer steps, one
+master (its address from Slurm, and the interface that reaches it), join a gloo group, then
+the same work the trainer does in the benchmark's config: the quickstart model and data, DistributedSampler, DDP, AdamW, STEPS optimizer steps, one
 evaluation pass all-reduced over the ranks, and one checkpoint written by rank 0. It prints
 its own wall time so the two arms can be compared phase by phase.
 
@@ -27,10 +27,23 @@ from examples.quickstart import make_dataset, make_model
 
 
 def master_address() -> str:
-    """The step's first host, as Slurm expands its node list."""
+    """The step's first host's address, as Slurm knows it (its own name may resolve to
+    127.0.1.1 on its own node, Debian's installer line)."""
     nodes = os.environ["SLURM_STEP_NODELIST"]
     out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True)
-    return out.stdout.split()[0]
+    first = out.stdout.split()[0]
+    node = subprocess.run(["scontrol", "-o", "show", "node", first], capture_output=True, text=True)
+    return node.stdout.split("NodeAddr=")[1].split()[0]
+
+
+def interface_to(address: str) -> str:
+    """The interface that carries ``address`` (on its own node) or routes to it."""
+    own = subprocess.run(["ip", "-o", "-4", "addr", "show", "to", address],
+                         capture_output=True, text=True).stdout.split()  # fmt: skip
+    if own:
+        return own[1]
+    route = subprocess.run(["ip", "-o", "route", "get", address], capture_output=True, text=True)
+    return route.stdout.split(" dev ")[1].split()[0]
 
 
 def main(steps: int, run_dir: pathlib.Path) -> None:
@@ -38,6 +51,7 @@ def main(steps: int, run_dir: pathlib.Path) -> None:
     started = time.perf_counter()
     rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     os.environ["MASTER_ADDR"] = master_address()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_to(os.environ["MASTER_ADDR"]))
     job_key = f"{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
     os.environ["MASTER_PORT"] = str(20000 + zlib.crc32(job_key.encode()) % 12000)
     cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))

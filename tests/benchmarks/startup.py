@@ -4,6 +4,7 @@ Usage (root, from the repository root)::
 
     python -m tests.benchmarks.startup                # 8 and 32 ranks, 3 runs each
     python -m tests.benchmarks.startup --quick        # 4 ranks, 1 run: a smoke test
+    python -m tests.benchmarks.startup --quick --slurm-conf PATH   # on a running cluster
 
 It starts a cluster of its own (tests/cluster/local-slurm.sh, instance 9: 8 nodes of 4 CPUs,
 beside any other cluster), then alternates the two arms, each a real ``sbatch --wait`` job
@@ -111,15 +112,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="4 ranks, 1 run")
+    parser.add_argument("--slurm-conf", help="use this running cluster (2+ nodes), not our own")
     args = parser.parse_args(argv)
     ranks, runs = ([4], 1) if args.quick else (args.ranks, args.runs)
-    env = start_cluster(max(GEOMETRY[r][0] for r in ranks))
+    own = args.slurm_conf is None
+    env = (
+        start_cluster(max(GEOMETRY[r][0] for r in ranks))
+        if own
+        else {**os.environ, "SLURM_CONF": args.slurm_conf}
+    )
     try:
         with tempfile.TemporaryDirectory(prefix="hpcddp-startup-") as folder:
             rows = [measure(env, r, args.steps, runs, pathlib.Path(folder) / str(r)) for r in ranks]
     finally:
-        stop = {**os.environ, "HPCDDP_SLURM_INSTANCE": INSTANCE}
-        subprocess.run(["bash", str(CLUSTER), "stop"], env=stop, capture_output=True)
+        if own:
+            stop = {**os.environ, "HPCDDP_SLURM_INSTANCE": INSTANCE}
+            subprocess.run(["bash", str(CLUSTER), "stop"], env=stop, capture_output=True)
     print(report(rows), flush=True)
     return 0
 

@@ -2,11 +2,14 @@
 metrics.jsonl, the log and `hpcddp status`; the summary holds the start-up timeline."""
 
 import json
+import re
+import subprocess
+import sys
 
 import pytest
 
 from hpcddp.train.timeline import PHASES
-from tests.helpers import QUICK, run_cli
+from tests.helpers import QUICK, REPO, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -39,3 +42,16 @@ def test_a_slowed_node_is_named_as_the_slowest_rank(slurm_cluster, tmp_path):
     timeline = json.loads((run_dir / "summary.json").read_text())["timeline"]
     assert list(timeline) == list(PHASES)
     assert all(row["max_s"] >= row["median_s"] >= 0 for row in timeline.values())
+
+
+def test_the_startup_benchmark_runs_both_arms_and_prints_the_timeline(slurm_cluster):
+    """The smoke run of `tests/benchmarks/startup.py` on this cluster (figures not checked)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.startup", "--quick", "--steps", "5",
+         "--slurm-conf", slurm_cluster.conf],
+        cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert re.search(r"^\s+4\s+\d+\.\d\s+\d+\.\d\s+\d\.\d{3}$", done.stdout, re.M), done.stdout
+    for phase in PHASES:
+        assert re.search(rf"^{phase}\s+\d+\.\d{{3}}\s+\d+\.\d{{3}}\s+\d ", done.stdout, re.M)
