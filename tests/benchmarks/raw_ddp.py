@@ -2,10 +2,11 @@
 
 What a careful user writes from the PyTorch tutorial, launched with ``srun`` (one task per
 rank): read the rank and world from Slurm's variables, take the first host of the step as the
-master (its address from Slurm, and the interface that reaches it), join a gloo group, then
-the same work the trainer does in the benchmark's config: the quickstart model and data, DistributedSampler, DDP, AdamW, STEPS optimizer steps, one
-evaluation pass all-reduced over the ranks, and one checkpoint written by rank 0. It prints
-its own wall time so the two arms can be compared phase by phase.
+master (its address from Slurm, and the interface that reaches it), join a gloo group, then the
+same work the trainer does in the benchmark's config: the quickstart model and data,
+DistributedSampler, DDP, AdamW, STEPS optimizer steps, one evaluation pass all-reduced over the
+ranks, and one checkpoint written by rank 0. It prints its own wall time so the two arms can be
+compared phase by phase.
 
 Usage (inside an allocation): ``srun python -m tests.benchmarks.raw_ddp STEPS RUN_DIR``.
 """

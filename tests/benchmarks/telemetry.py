@@ -2,13 +2,14 @@
 
 Usage: ``python -m tests.benchmarks.telemetry [--steps N] [--quick]``.
 
-Two gloo ranks on this machine run the same loop twice, interleaved: a stand-in step (a
-small matmul and an all-reduce of its result, which keeps the ranks in step as DDP's gradient
-all-reduce does; far cheaper than any real model's step, so the overhead is not hidden in a
-long one) plain, and the same step with everything the trainer adds for telemetry: the clock
-around the loader and the forward / backward / optimizer phases, counting the batch's samples and tokens,
-and every ``log_every`` steps closing the interval and posting the asynchronous all-gather
-that is read once it has completed. The difference per step is the cost (target <= 0.05 ms).
+Two gloo ranks on this machine run the same loop twice, interleaved: a stand-in step (a small
+matmul and an all-reduce of its result, which keeps the ranks in step as DDP's gradient
+all-reduce does; far cheaper than any real model's step, so the overhead is not hidden in a long
+one) plain, and the same step with everything the trainer adds for telemetry: the clock around
+the loader and the forward / backward / optimizer phases, counting the batch's samples and
+tokens, and every ``log_every`` steps closing the interval and posting the asynchronous
+all-gather that is read once it has completed. The difference per step is the cost (target <=
+0.05 ms).
 """
 
 import argparse
