@@ -1,4 +1,4 @@
-"""The checkpoint benchmarks run end to end and print their tables (figures are not checked)."""
+"""The benchmarks run end to end and print their tables (figures are not checked)."""
 
 import re
 import subprocess
@@ -31,3 +31,9 @@ def test_checkpoint_benchmark_quick_prints_every_ratio(tmp_path):
 def test_format_benchmark_compares_every_writer(tmp_path):
     out = run("formats", "--size-mb", "64", "--runs", "1", "--dir", str(tmp_path))
     assert len(re.findall(r"\d+ MB/s\s+\d\.\d\dx$", out, re.M)) == 5, out
+
+
+def test_telemetry_benchmark_quick_prints_the_cost_per_step():
+    out = run("telemetry", "--quick")
+    assert re.search(r"^plain step\s+\d+\.\d{4} ms$", out, re.M), out
+    assert re.search(r"^cost\s+-?\d+\.\d{4} ms  target <= 0\.05$", out, re.M), out
