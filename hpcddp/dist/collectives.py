@@ -5,6 +5,7 @@ collective until its timeout. Here the doer's outcome is broadcast, so every ran
 same error at once.
 """
 
+import datetime
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -75,3 +76,13 @@ def _same_error(kind: str, message: str, what: str) -> Exception:
     if isinstance(cls, type) and issubclass(cls, HpcddpError):
         return cls(message)
     return HpcddpError(f"rank 0 failed to {what}: {kind}: {message}")
+
+
+def gloo_side_group(timeout_s: float) -> "dist.ProcessGroup":
+    """A gloo group of every rank, for small CPU collectives beside the training's own.
+
+    With the job's timeout: `new_group`'s default is 30 minutes, so an operation left in flight
+    when a peer hangs would hold every rank at teardown that long. Creating a group is a
+    collective: every rank must call this at the same point.
+    """
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))

@@ -100,9 +100,10 @@ class TrainingRun:
             Trained(self.model, self.optimizer, self.scheduler, self.scaler),
         )
         # creating its side group is a collective: every rank makes it here, in the same order
-        self.vote = preemption.StopVote(env.backend, env.distributed)
+        timeout_s = cfg.dist.timeout_s
+        self.vote = preemption.StopVote(env.backend, env.distributed, timeout_s=timeout_s)
         self.hosts: list[str] = collectives.all_gather_object(env.hostname)
-        self.figures = telemetry.RankFigures(env.rank, env.world_size, self.hosts)  # same
+        self.figures = telemetry.RankFigures(env.rank, env.world_size, self.hosts, timeout_s)
         self.logged: dict[str, Any] | None = None  # rank 0's logged step, awaiting its figures
         self.latest_figures: dict[str, Any] = {}
         self.flops_per_sample = 0.0  # counted on the bucket-settling pass
@@ -506,15 +507,13 @@ class TrainingRun:
             **(self.last_eval or {}),
             "timeline": timeline,
         }
-        if self.env.is_main:
-            # a re-run of a finished run trains nothing and changes nothing
-            if (
-                self.progress.step > self.resumed_step
-                or not (self.run_dir / "summary.json").exists()
-            ):
-                self._record_attempt("finished")
+        # a re-run of a finished run trains nothing and changes nothing (its timeline included)
+        rerun = self.progress.step == self.resumed_step and (self.run_dir / "summary.json").exists()
+        if self.env.is_main and not rerun:
+            self._record_attempt("finished")
             summary["attempts"] = attempts.history(self.run_dir)
             atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        if self.env.is_main:
             log.info(
                 "finished: %d steps, final loss %.4f, weights %s",
                 summary["steps"],

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpcddp.dist.collectives import gloo_side_group
+
 log = logging.getLogger(__name__)
 
 # SIGUSR1 is avoided on purpose: NCCL may catch it (nccl#704). Slurm's --signal uses USR2 here.
@@ -62,7 +64,13 @@ class StopVote:
     sets when the next vote is held, so every rank votes at the same steps.
     """
 
-    def __init__(self, backend: str, distributed: bool, every_s: float = VOTE_EVERY_S) -> None:
+    def __init__(
+        self,
+        backend: str,
+        distributed: bool,
+        every_s: float = VOTE_EVERY_S,
+        timeout_s: float = 300.0,
+    ) -> None:
         self._flag = torch.zeros(2, dtype=torch.float64)  # reason, seconds per step
         self._work = None
         self._distributed = distributed
@@ -72,7 +80,8 @@ class StopVote:
         self.next_step = 1  # the first vote: after step 1
         self._cast_at, self._since = 0, time.perf_counter()
         # creating a group is a collective: every rank builds its StopVote at the same point
-        self._group = dist.new_group(backend="gloo") if distributed and backend != "gloo" else None
+        side = distributed and backend != "gloo"
+        self._group = gloo_side_group(timeout_s) if side else None
 
     def restart(self, step: int) -> None:
         """After a pause every rank took together (a checkpoint, an evaluation): vote after the

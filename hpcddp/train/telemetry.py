@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpcddp.dist.collectives import gloo_side_group
+
 # What each rank reports per interval, in this order (a float64 vector on the wire).
 FIELDS = (
     "wall_s",  # the interval's length on this rank
@@ -115,10 +117,11 @@ class RankFigures:
     an evaluation or the end.
     """
 
-    def __init__(self, rank: int, world_size: int, hosts: list[str]) -> None:
+    def __init__(
+        self, rank: int, world_size: int, hosts: list[str], timeout_s: float = 300.0
+    ) -> None:
         self.rank, self.world_size, self.hosts = rank, world_size, hosts
-        distributed = world_size > 1
-        self.group = dist.new_group(backend="gloo") if distributed else None
+        self.group = gloo_side_group(timeout_s) if world_size > 1 else None
         self.parts = [torch.zeros(len(FIELDS), dtype=torch.float64) for _ in range(world_size)]
         self.work: Any = None
         self.step = 0
