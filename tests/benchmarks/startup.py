@@ -52,7 +52,12 @@ def sbatch_wait(env: dict[str, str], options: list[str], command: list[str]) -> 
     )  # fmt: skip
     took = time.perf_counter() - started
     if done.returncode != 0:
-        raise SystemExit(f"job failed ({' '.join(command)}):\n{done.stdout}\n{done.stderr}")
+        job = done.stdout.strip().split(";")[0]
+        outputs = [o.split("=", 1)[1] for o in options if o.startswith("--output=")]
+        files = [pathlib.Path(o.replace("%j", job)) for o in outputs] if job else []
+        found = [f for o in files for f in o.parent.glob(o.name.replace("%x", "*"))]
+        text = "\n".join(f.read_text()[-3000:] for f in found)
+        raise SystemExit(f"job {job} failed ({' '.join(command)}):\n{done.stderr}\n{text}")
     return took
 
 
