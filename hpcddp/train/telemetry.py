@@ -15,7 +15,6 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -63,17 +62,9 @@ class IntervalClock:
         """Whether to time this step's phases: always on the CPU, once per interval on CUDA."""
         return self.device.type != "cuda" or logging_next
 
-    @contextlib.contextmanager
-    def phase(self, name: str, measured: bool) -> Iterator[None]:
+    def phase(self, name: str, measured: bool) -> "contextlib.AbstractContextManager[None]":
         """Time the body as ``name`` (waiting for the device around it) if ``measured``."""
-        if not measured:
-            yield
-            return
-        self.sync()
-        started = time.perf_counter()
-        yield
-        self.sync()
-        self.add(name, time.perf_counter() - started)
+        return _Phase(self, name) if measured else _UNTIMED
 
     def add(self, phase: str, seconds: float) -> None:
         """Count ``seconds`` spent in ``phase`` (data_wait_s, forward_s, ...)."""
@@ -106,6 +97,26 @@ class IntervalClock:
         self.totals = dict.fromkeys(FIELDS, 0.0)
         self.started = now
         return vector
+
+
+class _Phase:
+    """One timed phase; a plain class, as a generator-based context costs more on every step."""
+
+    __slots__ = ("clock", "name", "started")
+
+    def __init__(self, clock: IntervalClock, name: str) -> None:
+        self.clock, self.name, self.started = clock, name, 0.0
+
+    def __enter__(self) -> None:
+        self.clock.sync()
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.clock.sync()
+        self.clock.add(self.name, time.perf_counter() - self.started)
+
+
+_UNTIMED = contextlib.nullcontext()
 
 
 class RankFigures:
