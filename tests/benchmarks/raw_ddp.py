@@ -82,7 +82,13 @@ def main(steps: int, run_dir: pathlib.Path) -> None:
         torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
                    run_dir / "checkpoint.pt")  # fmt: skip
     dist.barrier()
+    # rank 0 serves the store: leaving first would abort a peer still tearing down
+    store = dist.distributed_c10d._get_default_store()
     dist.destroy_process_group()
+    if rank != 0:
+        store.add("left", 1)
+    while rank == 0 and store.add("left", 0) < world - 1:
+        time.sleep(0.01)
     if rank == 0:
         print(f"raw: {world} ranks, {steps} steps in {time.perf_counter() - started:.2f} s")
 
