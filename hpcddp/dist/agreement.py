@@ -49,7 +49,8 @@ def as_error(faults: list[Fault]) -> HpcddpError:
     message = first.message
     if also:  # before the HINT, so the line still ends with the fix
         head, hint, tail = message.partition(" HINT: ")
-        message = f"{head}{also}{hint}{tail}"
+        stop = "." if head.endswith(".") else ""
+        message = f"{head.removesuffix('.')}{also}{stop}{hint}{tail}"
     cls = getattr(errors, first.kind, None)
     if not (isinstance(cls, type) and issubclass(cls, HpcddpError)):
         cls = UserCodeError
