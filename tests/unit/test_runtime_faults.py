@@ -333,11 +333,13 @@ def test_a_second_ctrl_c_waits_for_the_checkpoint_then_interrupts(stop_flag):
     finished = []
     ctrl_c()
     assert signal.SIGINT in stop_flag.seen  # the first one asks for a clean stop
-    with pytest.raises(KeyboardInterrupt):
-        with preemption.shielded(finish=lambda: finished.append("write")):
-            ctrl_c()
-            ctrl_c()  # insisting more changes nothing: the write goes on
-            finished.append("save")
+    with (
+        pytest.raises(KeyboardInterrupt),
+        preemption.shielded(finish=lambda: finished.append("write")),
+    ):
+        ctrl_c()
+        ctrl_c()  # insisting more changes nothing: the write goes on
+        finished.append("save")
     assert finished == ["save", "write"]
 
 
@@ -350,9 +352,8 @@ def test_a_second_ctrl_c_outside_a_checkpoint_interrupts_at_once(stop_flag):
 def test_no_ctrl_c_means_the_shield_changes_nothing(stop_flag):
     with preemption.shielded(finish=lambda: pytest.fail("nothing to finish")):
         pass
-    with preemption.shielded():  # nested shields, as save() inside a stop
-        with preemption.shielded():
-            pass
+    with preemption.shielded(), preemption.shielded():  # nested, as save() inside a stop
+        pass
     assert not stop_flag.deferred
 
 
