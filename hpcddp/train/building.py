@@ -9,7 +9,7 @@ different lengths and hang the last step of an epoch, are refused before trainin
 """
 
 import dataclasses
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,7 +70,7 @@ def _loaders(
     train_set, eval_set = data.split_datasets(
         usercode.call(dataset_fn, cfg.data.kwargs, what, "data.kwargs")
     )
-    if not isinstance(train_set, Sized):
+    if not hasattr(train_set, "__len__"):
         raise ConfigError(
             f"{what} returned a {type(train_set).__name__} training set without len(); "
             "DDP shards a map-style dataset by index. HINT: return a torch Dataset with "
