@@ -18,7 +18,6 @@ from hpcddp.dist.agreement import Fault
 from hpcddp.errors import (
     ConfigError,
     DownloadError,
-    HpcddpError,
     LaunchError,
     UserCodeError,
 )
@@ -361,7 +360,3 @@ def test_without_an_installed_flag_the_shield_is_a_plain_block():
     with preemption.shielded():
         done = True
     assert done
-
-
-def test_every_runtime_error_class_is_an_hpcddp_error():
-    assert issubclass(UserCodeError, HpcddpError)
