@@ -2,6 +2,7 @@
 rank a dataset of another length, or ask for an argument the config does not give."""
 
 import os
+import time
 
 from examples.quickstart import make_dataset as make_quickstart_dataset
 from examples.quickstart import make_model as make_quickstart_model
@@ -11,10 +12,13 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def make_model(fail_on_rank: int = -1, width: int = 256):
-    """The quickstart MLP, except on rank ``fail_on_rank``, where the user's code raises."""
+def make_model(fail_on_rank: int = -1, width: int = 256, hang_on_rank: int = -1):
+    """The quickstart MLP, except on rank ``fail_on_rank``, where the user's code raises, and
+    on rank ``hang_on_rank``, where it never returns (a download that stalls, say)."""
     if _rank() == fail_on_rank:
         check_width(width - 1)
+    if _rank() == hang_on_rank:
+        time.sleep(120)
     return make_quickstart_model(hidden=width)
 
 

@@ -8,11 +8,18 @@ every rank raises the same error, the first failing rank's, at the same moment.
 """
 
 import dataclasses
+import itertools
+import os
 from typing import Any
 
+import torch.distributed as dist
+
 from hpcddp import errors
-from hpcddp.dist import collectives
-from hpcddp.errors import HpcddpError, UserCodeError
+from hpcddp.dist import collectives, failures
+from hpcddp.errors import DistributedError, HpcddpError, UserCodeError
+from hpcddp.launch.distenv import DistEnv
+
+_rounds = itertools.count()  # every rank agrees the same number of times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,13 +32,27 @@ class Fault:
     message: str
 
 
-def agree(fault: Fault | None, facts: Any = None) -> list[Any]:
+def agree(fault: Fault | None, facts: Any = None, *, env: DistEnv, timeout_s: float,
+          doing: str = "their part") -> list[Any]:  # fmt: skip
     """Every rank's ``facts``, in rank order, once every rank reports no fault.
 
     Otherwise every rank raises the first failing rank's error (marked `errors.agreed`, so
-    it is printed once), naming any other ranks that failed too.
+    it is printed once), naming any other ranks that failed too. A rank that never arrives
+    (hung in ``doing``) is named after ``timeout_s``; one that died, in a line, not a trace.
     """
-    gathered = collectives.all_gather_object((fault, facts))
+    key = f"hpcddp/agree/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_rounds)}"
+    store = _store()
+    if store is not None:
+        store.set(f"{key}/{env.rank}", "1")  # who arrived, for naming who did not
+    try:
+        gathered = collectives.all_gather_object((fault, facts))
+    except RuntimeError as err:
+        if store is not None and failures.timed_out(err):
+            raise DistributedError(_absent(store, key, env, timeout_s, doing)) from err
+        explained = failures.explain(err, env, timeout_s)  # a peer that died, say
+        if explained is err:
+            raise
+        raise explained from err
     faults = [f for f, _ in gathered if f is not None]
     if faults:
         raise errors.agreed(as_error(faults))
@@ -55,3 +76,22 @@ def as_error(faults: list[Fault]) -> HpcddpError:
     if not (isinstance(cls, type) and issubclass(cls, HpcddpError)):
         cls = UserCodeError
     return cls(message)
+
+
+def _store() -> Any:
+    """The process group's store (None without a group of more than one rank)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
+def _absent(store: Any, key: str, env: DistEnv, timeout_s: float, doing: str) -> str:
+    """The line for a timeout at the agreement: which ranks never arrived, and what they do."""
+    missing = [r for r in range(env.world_size) if not store.check([f"{key}/{r}"])]
+    who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {str(missing)[1:-1]}"
+    return (
+        f"rank {env.rank} on {env.hostname} waited dist.timeout_s={timeout_s:.0f} s for "
+        f"{who if missing else 'another rank'} to finish {doing}: it is hung or slow there "
+        "(a stalled download or file system?). HINT: its log (RUN_DIR/logs/rank-R.log) shows "
+        "how far it got; raise dist.timeout_s only if that work legitimately takes longer."
+    )

@@ -49,7 +49,10 @@ def build(
         made = _loaders(model, dataset_fn, cfg, env, what)
     except Exception as err:  # told to every rank at the agreement point below
         fault = usercode.fault_of(err, env, what)
-    lengths = agreement.agree(fault, _lengths(made))
+    lengths = agreement.agree(
+        fault, _lengths(made), env=env, timeout_s=cfg.dist.timeout_s,
+        doing="building its model and data",
+    )  # fmt: skip
     check_same_lengths(lengths)
     assert made is not None  # no rank had a fault, so this one built everything
     return made

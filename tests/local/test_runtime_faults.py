@@ -19,7 +19,17 @@ import pytest
 
 from hpcddp import exit_codes
 from hpcddp.storage.checkpoint import CheckpointStore
-from tests.helpers import EXACT, QUICKSTART, REPO, TINY, run_cli, summary, train_local, wait_until
+from tests.helpers import (
+    EXACT,
+    QUICKSTART,
+    REPO,
+    TINY,
+    line_of,
+    run_cli,
+    summary,
+    train_local,
+    wait_until,
+)
 
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d \[rank \d+/\d+ ")  # a rank's log line, not an error
 ERROR = "hpcddp: error: "
@@ -44,7 +54,7 @@ CASES = [
         {},
         1,
         "the model factory tests.faulty_setup:make_model raised on rank 1 (",
-        "tests/faulty_setup.py:24 in check_width",
+        f"{line_of('tests/faulty_setup.py', 'raise ValueError')} in check_width",
     ),
     (
         "dataset-factory-raises-on-rank-0",
@@ -55,7 +65,7 @@ CASES = [
         {},
         1,
         "FileNotFoundError: /data/shard-0.bin is not on this node",
-        "tests/faulty_setup.py:31 in make_dataset",
+        f"{line_of('tests/faulty_setup.py', 'raise FileNotFoundError')} in make_dataset",
     ),
     (
         "dataset-shorter-on-one-rank",
@@ -106,7 +116,15 @@ CASES = [
         {},
         1,
         "(rank 1) your code in training raised on rank 1 (",
-        "tests/faulty_model.py:25 in forward",
+        f"{line_of('tests/faulty_model.py', 'raise RuntimeError')} in forward",
+    ),
+    (
+        "model-factory-hangs-on-rank-1",
+        [f"model.factory={SETUP}:make_model", "model.kwargs={hang_on_rank: 1}", "dist.timeout_s=5"],
+        {},
+        1,
+        "waited dist.timeout_s=5 s for rank 1 to finish building its model and data",
+        None,
     ),
     ("device-gpu", [], {"HPCDDP_DEVICE": "gpu"}, 2, "HPCDDP_DEVICE='gpu' is not a device", None),
     ("device-cuda-9", [], {"HPCDDP_DEVICE": "cuda:9"}, 2, "HPCDDP_DEVICE=cuda:9 but", None),

@@ -6,7 +6,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import QUICK, wait_for_step
+from tests.helpers import QUICK, line_of, wait_for_step
 
 pytestmark = pytest.mark.slow
 LONG = [*QUICK, "train.epochs=200", "train.log_every_steps=1"]
@@ -104,7 +104,8 @@ def test_exception_in_one_rank_shows_one_traceback_and_stops_all(slurm_cluster, 
     host = cluster_host(slurm_cluster, 2)
     assert (
         f"hpcddp: error: your code in training raised on rank 2 ({host}): RuntimeError: "
-        "injected failure on rank 2 at tests/faulty_model.py:25 in forward. HINT: " in text
+        f"injected failure on rank 2 at {line_of('tests/faulty_model.py', 'raise RuntimeError')} "
+        "in forward. HINT: " in text
     )
     frames = [line for line in text.splitlines() if line.lstrip().startswith('File "')]
     assert frames and all("/hpcddp/" not in frame for frame in frames), frames

@@ -103,13 +103,13 @@ def test_a_checkpoint_that_fits_has_no_misfit():
 
 
 def test_no_fault_anywhere_gives_every_ranks_facts():
-    assert agreement.agree(None, (2048, 512)) == [(2048, 512)]  # a world of one
+    assert agreement.agree(None, (2048, 512), env=ENV, timeout_s=5) == [(2048, 512)]
 
 
 def test_a_fault_is_raised_as_its_own_class_and_printed_once():
     fault = Fault(0, "n1", "DownloadError", "could not fetch x. HINT: check the URL")
     with pytest.raises(DownloadError, match="could not fetch x") as caught:
-        agreement.agree(fault, None)
+        agreement.agree(fault, None, env=ENV, timeout_s=5)
     assert caught.value.agreed  # rank 0 (or the launcher) prints it, once
 
 
