@@ -66,7 +66,8 @@ class Trainer:
             env = dataclasses.replace(env, backend=self.config.dist.backend)
         try:
             _check_precision(self.config.train.precision, env.device)
-            check_backend(env.backend, env.device, "dist.backend" * bool(self.config.dist.backend))
+            if self.config.dist.backend:  # HPCDDP_BACKEND was checked where it was read
+                check_backend(env.backend, env.device, "dist.backend")
         except (ConfigError, LaunchError) as err:
             refusal = refusal or err
         stop_flag = preemption.StopFlag()
