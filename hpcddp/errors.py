@@ -36,6 +36,11 @@ class PeerLostError(DistributedError):
     """This rank failed only because another rank died first; that rank's error is the cause."""
 
 
+class UserCodeError(HpcddpError):
+    """The user's own code (a factory, the model's forward) raised; the message names the rank,
+    its host and the user's frame, and the trimmed traceback is in that rank's log."""
+
+
 class NonFiniteError(HpcddpError):
     """Training produced a NaN/inf loss or gradient, and train.nonfinite says stop."""
 

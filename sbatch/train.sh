@@ -26,7 +26,9 @@ if [[ ${1:-} == --check ]]; then
 fi
 config=examples/quickstart.yaml
 CONFIG=${HPCDDP_CONFIG:-$config}
-if [[ $# -gt 0 && $1 != *=* ]]; then
+# The first argument is the config if it is no key=value override: it has no '=', or it names a
+# file or a .yaml anyway (my=odd.yaml), as `hpcddp train` decides (hpcddp.cli.args).
+if [[ $# -gt 0 && ($1 != *=* || -f $1 || $1 == *.yaml || $1 == *.yml) ]]; then
     CONFIG=$1
     shift
 fi

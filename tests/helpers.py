@@ -104,6 +104,12 @@ def wait_for_step(run_dir: pathlib.Path, step: int, timeout: float = 120) -> Non
     wait_until(lambda: logged_step(run_dir) >= step, f"step {step} in {run_dir}", timeout)
 
 
+def line_of(path: str, text: str) -> str:
+    """``path:N`` of the first line of ``path`` (under the repository) that contains ``text``."""
+    lines = (REPO / path).read_text().splitlines()
+    return f"{path}:{next(n for n, line in enumerate(lines, 1) if text in line)}"
+
+
 def summary(run_dir: pathlib.Path) -> dict:
     """The summary.json a finished run wrote."""
     return json.loads((pathlib.Path(run_dir) / "summary.json").read_text())

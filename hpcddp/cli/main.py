@@ -16,7 +16,14 @@ from collections.abc import Sequence
 
 from hpcddp import exit_codes
 from hpcddp.cli import check, jobs, plot, sbatch, train
-from hpcddp.errors import ConfigError, HostlistError, HpcddpError, LaunchError, PeerLostError
+from hpcddp.errors import (
+    ConfigError,
+    HostlistError,
+    HpcddpError,
+    LaunchError,
+    PeerLostError,
+    UserCodeError,
+)
 from hpcddp.launch import reports
 from hpcddp.launch.contexts import claimed_rank
 
@@ -62,9 +69,11 @@ def report(err: HpcddpError, code: int) -> None:
 
 
 def _own_place(err: HpcddpError) -> bool:
-    """An error about this process's own place in the job, which only it can print; not one
-    every rank reached alike (``agreed``: rank 0 prints those)."""
-    return isinstance(err, (LaunchError, HostlistError)) and not getattr(err, "agreed", False)
+    """An error only this process knows (its own place in the job, its own code raising in
+    training), so it prints it; not one every rank reached alike (``agreed``: rank 0 prints
+    those)."""
+    own = (LaunchError, HostlistError, UserCodeError)
+    return isinstance(err, own) and not getattr(err, "agreed", False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,6 +35,11 @@ def missing_ranks(timeout_s: float = 10.0) -> str:
     return ""
 
 
+def timed_out(err: BaseException) -> bool:
+    """Whether ``err`` is a collective that gave up waiting (rather than a peer that left)."""
+    return isinstance(err, RuntimeError) and bool(_TIMED_OUT.search(str(err)))
+
+
 def explain(err: BaseException, env: DistEnv, timeout_s: float) -> BaseException:
     """A DistributedError for a failure caused by a peer; ``err`` itself otherwise."""
     text = str(err)

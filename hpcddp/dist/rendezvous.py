@@ -155,9 +155,20 @@ def meet(
     store.wait([f"{prefix}/plan"], datetime.timedelta(seconds=timeout_s + 60))
     plan = json.loads(store.get(f"{prefix}/plan"))
     if plan["refusal"] is not None:
+        _linger_until_told(store, prefix, env)
         raise agreed_error(*plan["refusal"])
     network = Network(**json.loads(store.get(f"{prefix}/net/{env.rank}")))
     return Meeting(network, everyone)
+
+
+def _linger_until_told(store: dist.Store, prefix: str, env: DistEnv, most_s: float = 5.0) -> None:
+    """Rank 0 serves the store: it leaves only once every rank has read the refusal (or after
+    ``most_s``), else a rank still reading it loses the store and prints a C++ trace instead."""
+    told = store.add(f"{prefix}/told", 1)
+    deadline = time.monotonic() + most_s
+    while env.rank == 0 and told < env.world_size and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        told = store.add(f"{prefix}/told", 0)
 
 
 def agreed_error(kind: str, message: str) -> HpcddpError:

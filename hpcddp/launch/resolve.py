@@ -8,6 +8,7 @@ instead of a hang in ``init_process_group``. torch is imported only to count GPU
 
 import dataclasses
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 
@@ -17,6 +18,7 @@ from hpcddp.launch.contexts import CONTEXTS, HINTS
 from hpcddp.launch.distenv import DistEnv
 
 BACKENDS = ("gloo", "nccl")
+_DEVICE = re.compile(r"cuda(:\d+)?")
 
 
 def visible_cuda_devices() -> int:
@@ -62,14 +64,29 @@ def _device(
     ``cuda:0`` for every rank; an explicit device such as ``cpu`` or ``cuda:1`` is taken as is.
     """
     wanted = environ.get("HPCDDP_DEVICE")
-    if wanted and wanted != "cuda":
+    if wanted == "cpu":
         return wanted, 0
-    visible = cuda_devices()
-    if wanted == "cuda" and visible <= 0:
+    if wanted and not _DEVICE.fullmatch(wanted):
         raise LaunchError(
-            "HPCDDP_DEVICE=cuda but this process sees no GPU. HINT: request GPUs "
+            f"HPCDDP_DEVICE={wanted!r} is not a device hpcddp can use; expected cpu, cuda or "
+            "cuda:N. HINT: HPCDDP_DEVICE=cuda picks each rank's GPU; unset it to choose "
+            "automatically."
+        )
+    visible = cuda_devices()
+    if wanted and visible <= 0:
+        raise LaunchError(
+            f"HPCDDP_DEVICE={wanted} but this process sees no GPU. HINT: request GPUs "
             "(--gpus-per-node), check CUDA_VISIBLE_DEVICES, or unset HPCDDP_DEVICE."
         )
+    if wanted and wanted != "cuda":
+        index = int(wanted.partition(":")[2])
+        if index >= visible:
+            raise LaunchError(
+                f"HPCDDP_DEVICE={wanted} but this process sees only {visible} GPU(s) "
+                f"(cuda:0 to cuda:{visible - 1}). HINT: HPCDDP_DEVICE=cuda picks each rank's "
+                "GPU by its local rank; indices count the GPUs in CUDA_VISIBLE_DEVICES."
+            )
+        return wanted, 0
     return choose_device(local_rank, visible), visible
 
 
@@ -128,9 +145,24 @@ def _device_and_backend(
             f"HPCDDP_BACKEND={backend!r} is not one of {BACKENDS}. "
             "HINT: unset it to choose automatically."
         )
+    check_backend(backend, device, "HPCDDP_BACKEND" if "HPCDDP_BACKEND" in environ else "")
     if backend == "nccl":
         _check_gpu_per_rank(placement, visible, environ)
     return device, backend
+
+
+def check_backend(backend: str, device: str, chosen_by: str) -> None:
+    """Refuse NCCL on a CPU rank here: init_process_group would fail with a C++ trace.
+
+    ``chosen_by`` names the setting that asked for it (``HPCDDP_BACKEND``, ``dist.backend``).
+    """
+    if backend != "nccl" or device.startswith("cuda"):
+        return
+    raise LaunchError(
+        f"{chosen_by or 'the backend'}=nccl needs CUDA, but this rank runs on {device}. "
+        f"HINT: {'unset ' + chosen_by if chosen_by else 'choose gloo'} (gloo is used on CPU), "
+        "or request GPUs (--gpus-per-node) so the rank gets a cuda device."
+    )
 
 
 def place(

@@ -25,12 +25,13 @@ import torch
 
 from hpcddp.config import TrainConfig
 from hpcddp.dist import collectives, waiting
-from hpcddp.errors import CheckpointError, ConfigError, DistributedError
+from hpcddp.errors import CheckpointError, ConfigError, DistributedError, agreed
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.storage import mapped
 from hpcddp.storage.checkpoint import CheckpointStore
+from hpcddp.storage.misfit import describe as misfit_of
 from hpcddp.storage.snapshot import Snapshot
-from hpcddp.train import rng
+from hpcddp.train import preemption, rng
 from hpcddp.train.state import Progress
 
 log = logging.getLogger(__name__)
@@ -75,13 +76,15 @@ class Checkpointer:
 
     def save(self, progress: Progress, epoch_done: bool) -> None:
         """Every rank contributes its RNG state; rank 0 writes; every rank learns if it failed."""
-        rng_states = collectives.gather_object(rng.capture())  # on rank 0 only
-        collectives.on_rank_zero(
-            lambda: self._write(progress.step, self._state(progress, rng_states, epoch_done)),
-            self.env.rank,
-            "save a checkpoint",
-            group=self.group,
-        )
+        # a second Ctrl-C meanwhile waits until the checkpoint is whole (`preemption.shielded`)
+        with preemption.shielded(finish=self._finish_writing):
+            rng_states = collectives.gather_object(rng.capture())  # on rank 0 only
+            collectives.on_rank_zero(
+                lambda: self._write(progress.step, self._state(progress, rng_states, epoch_done)),
+                self.env.rank,
+                "save a checkpoint",
+                group=self.group,
+            )
 
     def prepare(self) -> None:
         """Rank 0, once the optimizer has its state (after the first step): allocate the host
@@ -95,9 +98,10 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Until rank 0's background write is done; its failure is raised on every rank."""
-        collectives.on_rank_zero(
-            self._finish_writing, self.env.rank, "write a checkpoint", group=self.group
-        )
+        with preemption.shielded(finish=self._finish_writing):
+            collectives.on_rank_zero(
+                self._finish_writing, self.env.rank, "write a checkpoint", group=self.group
+            )
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
         """Rank 0: wait for the previous write, then write this one (in the background)."""
@@ -179,8 +183,7 @@ class Checkpointer:
             state = self._loadable(path)
             if state is not None:
                 self._check_world_size(step, state)
-                if not mapped.copy_into(self.trained.model.state_dict(), state["model"]):
-                    self.trained.model.load_state_dict(state["model"])  # says what misfits
+                self._copy_weights(step, state["model"])
             problem = None if state is not None else "it does not load safely"
             try:
                 if check is not None:
@@ -193,6 +196,27 @@ class Checkpointer:
             return None
         assert state is not None  # every rank loaded it, or some rank had a problem
         return self._load_rest(step, state)
+
+    def _copy_weights(self, step: int, weights: dict[str, Any]) -> None:
+        """The checkpoint's weights into the model, or one line on what does not fit.
+
+        Every rank loads the same file into the same model, so every rank refuses alike.
+        """
+        target = self.trained.model.state_dict()
+        if mapped.copy_into(target, weights):
+            return
+        misfit = misfit_of(target, weights)
+        if misfit is None:  # same names and shapes, but not all tensors (a module's extra state)
+            self.trained.model.load_state_dict(weights)
+            return
+        raise agreed(
+            ConfigError(
+                f"the checkpoint at step {step} in {self.run_dir} does not fit this model "
+                f"({misfit}): it was saved by another model, or the model's code changed. "
+                "HINT: choose a new run.dir for this model (its checkpoints are left as they are), "
+                "or run the code that wrote them."
+            )
+        )
 
     def _loadable(self, path: pathlib.Path) -> dict[str, Any] | None:
         """The file, mapped; None if it will not unpickle safely (the same bytes, so the same

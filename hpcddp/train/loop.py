@@ -32,7 +32,19 @@ from hpcddp.storage.atomic import atomic_write_text
 from hpcddp.storage.metrics import MetricsLog
 from hpcddp.storage.rundir import Attempt
 from hpcddp.storage.tracking import Tracker
-from hpcddp.train import batches, data, ddp, evaluation, flops, guard, preemption, rng, telemetry
+from hpcddp.train import (
+    batches,
+    building,
+    data,
+    ddp,
+    evaluation,
+    flops,
+    guard,
+    preemption,
+    rng,
+    telemetry,
+    usercode,
+)
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.optim import make_optimizer, make_scheduler
 from hpcddp.train.state import Progress, weights_sha256
@@ -65,13 +77,10 @@ class TrainingRun:
         self.attempt = attempt or Attempt(job=env.job_id, nodes=(env.hostname,))
         # installed by the caller for the whole run: a signal during set-up is a clean stop
         self.stop_flag = stop_flag
-        rng.seed_everything(cfg.run.seed)  # identical initial weights on every rank
-        model = model_fn(**cfg.model.kwargs).to(device)
-        train_set, eval_set = data.split_datasets(dataset_fn(**cfg.data.kwargs))
-        self.train_loader = data.make_train_loader(train_set, cfg.data, env, cfg.run.seed)
-        self.eval_loader = (
-            None if eval_set is None else data.make_eval_loader(eval_set, cfg.data, env)
-        )
+        # every rank builds its own, then all agree before DDP: a fault on one ends them all
+        built = building.build(model_fn, dataset_fn, cfg, env, device)
+        model = built.model
+        self.train_loader, self.eval_loader = built.train_loader, built.eval_loader
         self.steps_per_epoch = math.ceil(len(self.train_loader) / cfg.train.grad_accum_steps)
         if self.steps_per_epoch == 0:  # every rank gets the same number of samples
             per_rank = data.samples_per_rank(self.train_loader)
@@ -155,6 +164,7 @@ class TrainingRun:
             with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
                 faulthandler.dump_traceback(log_file)  # every thread's stack, for post-mortems
             explained = failures.explain(err, self.env, self.cfg.dist.timeout_s)
+            explained = usercode.blame(explained, self.env, "your code in training")
             if explained is err:
                 raise
             raise explained from err

@@ -10,9 +10,11 @@ whole step of a small model). A signal is acted on within about `VOTE_EVERY_S` p
 The job's end time and requeueing live in `hpcddp.launch.deadline` and `hpcddp.launch.requeue`.
 """
 
+import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -27,28 +29,71 @@ STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 
 class StopFlag:
-    """Records stop signals; a second Ctrl-C raises KeyboardInterrupt for users who insist."""
+    """Records stop signals; a second Ctrl-C raises KeyboardInterrupt for users who insist,
+    except while a checkpoint is being written (`shielded`): then it waits for the write."""
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
         self._previous: dict[int, Any] = {}
+        self._shields = 0
+        self.deferred = False  # a second Ctrl-C came while shielded
 
     def install(self) -> "StopFlag":
         """Take over the stop signals (main thread only)."""
+        global _installed
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
+        _installed = self
         return self
 
     def uninstall(self) -> None:
         """Give the signals back to whoever had them."""
+        global _installed
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        if _installed is self:
+            _installed = None
+
+    @contextlib.contextmanager
+    def shielded(self, finish: Callable[[], None] | None = None) -> Iterator[None]:
+        """Within: a second Ctrl-C is held back; on leaving, ``finish()`` (the rest of the
+        write, if it goes on in the background), then KeyboardInterrupt."""
+        self._shields += 1
+        try:
+            yield
+        finally:
+            self._shields -= 1
+        if self.deferred and not self._shields:
+            if finish is not None:
+                finish()
+            self.deferred = False
+            raise KeyboardInterrupt
 
     def _handle(self, signum: int, frame) -> None:
         if signum == signal.SIGINT and signal.SIGINT in self.seen:
-            raise KeyboardInterrupt
+            if not self._shields:
+                raise KeyboardInterrupt
+            if not self.deferred:
+                log.info("Ctrl-C again: stopping once the checkpoint being written is complete")
+            self.deferred = True
         self.seen.add(signum)
+
+
+# Signal handlers belong to the process, so the flag that holds them does too: the checkpoint
+# code shields its writes through `shielded` without being handed the flag.
+_installed: StopFlag | None = None
+
+
+@contextlib.contextmanager
+def shielded(finish: Callable[[], None] | None = None) -> Iterator[None]:
+    """`StopFlag.shielded` of the installed flag; nothing to shield when none is installed."""
+    flag = _installed
+    if flag is None:
+        yield
+        return
+    with flag.shielded(finish):
+        yield
 
 
 VOTE_EVERY_S = 0.5  # seconds between votes; a stop is acted on within about this

@@ -22,9 +22,9 @@ from hpcddp.config import Config
 from hpcddp.dist import collectives as collective
 from hpcddp.dist import rendezvous
 from hpcddp.dist.group import Joined, joined
-from hpcddp.errors import ConfigError, HpcddpError
+from hpcddp.errors import ConfigError, HpcddpError, LaunchError
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.launch.resolve import place
+from hpcddp.launch.resolve import check_backend, place
 from hpcddp.storage import rundir
 from hpcddp.storage.runlock import RunLock
 from hpcddp.train import preemption
@@ -71,7 +71,9 @@ class Trainer:
             env = dataclasses.replace(env, backend=self.config.dist.backend)
         try:
             _check_precision(self.config.train.precision, env.device)
-        except ConfigError as err:
+            if self.config.dist.backend:  # HPCDDP_BACKEND was checked where it was read
+                check_backend(env.backend, env.device, "dist.backend")
+        except (ConfigError, LaunchError) as err:
             refusal = refusal or err
         stop_flag = preemption.StopFlag()
         in_main_thread = threading.current_thread() is threading.main_thread()

@@ -6,7 +6,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import QUICK, wait_for_step
+from tests.helpers import QUICK, line_of, wait_for_step
 
 pytestmark = pytest.mark.slow
 LONG = [*QUICK, "train.epochs=200", "train.log_every_steps=1"]
@@ -52,6 +52,11 @@ def rank_process(job_id, rank, timeout=120):
     raise AssertionError(f"rank {rank} of job {job_id} never started")
 
 
+def cluster_host(cluster, rank):
+    """The host of ``rank`` in `submit`'s job (two nodes, two ranks each, in block order)."""
+    return cluster.ranks_on(2, 2)[rank]
+
+
 def ended_within(cluster, job_id, since, limit_s):
     state = cluster.wait_for(
         job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=limit_s + 60
@@ -95,6 +100,15 @@ def test_exception_in_one_rank_shows_one_traceback_and_stops_all(slurm_cluster, 
     assert state == "FAILED"
     assert text.count("Traceback (most recent call last)") == 1
     assert "RuntimeError: injected failure on rank 2" in text
+    # one line from the failing rank, with the user's frame; the traceback is trimmed to it
+    host = cluster_host(slurm_cluster, 2)
+    assert (
+        f"hpcddp: error: your code in training raised on rank 2 ({host}): RuntimeError: "
+        f"injected failure on rank 2 at {line_of('tests/faulty_model.py', 'raise RuntimeError')} "
+        "in forward. HINT: " in text
+    )
+    frames = [line for line in text.splitlines() if line.lstrip().startswith('File "')]
+    assert frames and all("/hpcddp/" not in frame for frame in frames), frames
 
 
 def test_hung_rank_ends_within_timeout_with_stacks_in_logs(slurm_cluster, tmp_path):

@@ -342,6 +342,47 @@ def test_hostile_strings_arrive_as_single_literal_arguments(stubs, tmp_path):
     assert "hpcddp: job 4242 on n[1-2]: 4 tasks" in done.stdout
 
 
+# (id, the script's positional arguments ({t} is a folder holding my=odd.yaml and a=b), the
+# config srun gets or None for the baked-in one, and the overrides it gets after the baked-in)
+POSITIONAL = [
+    (
+        "config-with-equals",
+        ["{t}/my=odd.yaml", "train.epochs=3"],
+        "{t}/my=odd.yaml",
+        ["train.epochs=3"],
+    ),
+    ("file-named-like-override", ["{t}/a=b"], "{t}/a=b", []),
+    ("plain-config", ["other.yaml"], "other.yaml", []),
+    (
+        "only-overrides",
+        ["train.epochs=3", "optim.lr=0.1"],
+        None,
+        ["train.epochs=3", "optim.lr=0.1"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "args, config, overrides", [c[1:] for c in POSITIONAL], ids=[c[0] for c in POSITIONAL]
+)
+def test_a_positional_config_may_contain_equals(stubs, tmp_path, args, config, overrides):
+    _, env = stubs
+    (tmp_path / "my=odd.yaml").write_text("train: {epochs: 1}\n")
+    (tmp_path / "a=b").write_text("train: {epochs: 1}\n")
+    script = tmp_path / "job.sbatch"
+    script.write_text(render(slurm_config(), "run.yaml", ["train.epochs=2"]))
+    argv = [a.format(t=tmp_path) for a in args]
+    done = subprocess.run(["bash", str(script), *argv], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    called = calls(tmp_path, "srun")[0]
+    expected = config.format(t=tmp_path) if config else "run.yaml"
+    assert called[called.index("train") + 1 :] == [
+        f"--config={expected}",
+        "train.epochs=2",
+        *overrides,
+    ]
+
+
 def test_step_exit_status_is_the_jobs_and_cpus_reach_srun(stubs, tmp_path):
     bin_dir, env = stubs
     stub(bin_dir, "srun", '#!/bin/bash\necho "$SRUN_CPUS_PER_TASK" > "$STUB_DIR/cpus"\nexit 3\n')
