@@ -54,7 +54,7 @@ from hpcddp.train.timeline import Timeline, summarise, table
 
 log = logging.getLogger(__name__)
 
-SLOW_RANK_WARNING = 1.5  # a rank this many times the median step time is named in the log
+SLOW_RANK_WARNING = 1.5  # a rank with this many times the median own work is named in the log
 
 
 class TrainingRun:
