@@ -27,11 +27,9 @@ from hpcddp.errors import ConfigError, DistributedError, NonFiniteError
 from hpcddp.launch import deadline, requeue
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.progress import ProgressBar, bar
-from hpcddp.storage import attempts, provenance
+from hpcddp.storage import attempts
 from hpcddp.storage.atomic import atomic_write_text
-from hpcddp.storage.metrics import MetricsLog
 from hpcddp.storage.rundir import Attempt
-from hpcddp.storage.tracking import Tracker
 from hpcddp.train import (
     batches,
     building,
@@ -47,14 +45,13 @@ from hpcddp.train import (
 )
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.optim import make_optimizer, make_scheduler
+from hpcddp.train.reporting import Reports
 from hpcddp.train.state import Progress, weights_sha256
 from hpcddp.train.stepping import Stepper
 from hpcddp.train.task import Task
 from hpcddp.train.timeline import Timeline, summarise, table
 
 log = logging.getLogger(__name__)
-
-SLOW_RANK_WARNING = 1.5  # a rank with this many times the median own work is named in the log
 
 
 class TrainingRun:
@@ -108,22 +105,17 @@ class TrainingRun:
             env,
             Trained(self.model, self.optimizer, self.scheduler, self.scaler),
         )
-        # creating its side group is a collective: every rank makes it here, in the same order
+        # side groups are made by collectives: every rank makes them here, in the same order
         timeout_s = cfg.dist.timeout_s
         self.vote = preemption.StopVote(env.backend, env.distributed, timeout_s=timeout_s)
         self.hosts: list[str] = collectives.all_gather_object(env.hostname)
-        self.figures = telemetry.RankFigures(env.rank, env.world_size, self.hosts, timeout_s)
-        self.logged: dict[str, Any] | None = None  # rank 0's logged step, awaiting its figures
-        self.latest_figures: dict[str, Any] = {}
-        self.flops_per_sample = 0.0  # counted on the bucket-settling pass
-        self.peak_flops = flops.peak_flops(device, cfg.train.precision, cfg.train.peak_tflops)
+        self.reports = Reports(cfg, env, device, self.hosts)  # telemetry's side group
         self.train_ended = 0.0
         self.progress = Progress()
         self.nonfinite_local = False  # whether this rank's own loss was the non-finite one
         self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
         self.deadline: float | None = None  # when to stop ahead of the job's time limit
         self.resumed_step = 0  # where this attempt started
-        self.metrics: MetricsLog | None = None  # rank 0's metrics.jsonl, once resumed
         self.last_eval: dict[str, float] | None = None
         self.bar = ProgressBar(enabled=env.is_main)
 
@@ -147,13 +139,17 @@ class TrainingRun:
                     self.cfg.train.precision,
                     self.task,
                 )
-            self.flops_per_sample = counted() / max(batches.size_of(first), 1)
+            self.reports.flops_per_sample = counted() / max(batches.size_of(first), 1)
             self._resume()
-            collectives.on_rank_zero(self._open_metrics, self.env.rank, "open metrics.jsonl")
+            collectives.on_rank_zero(
+                lambda: self.reports.open(self.run_dir, self.progress.step),
+                self.env.rank,
+                "open metrics.jsonl",
+            )
             self.deadline = self._deadline()
             reason = self._train()
             self.train_ended = time.perf_counter()
-            self._write_logged_step()
+            self.reports.write()
             self.vote.result()  # drain the last vote so no collective is left in flight
             with self.timeline.phase("checkpoint"):
                 self.checkpoints.wait()  # a write still in the background is part of the run
@@ -170,8 +166,7 @@ class TrainingRun:
             raise explained from err
         finally:
             self.bar.close()
-            if self.metrics:
-                self.metrics.close()
+            self.reports.close()
 
     def _resume(self) -> None:
         """Continue from the latest checkpoint, or start each rank's own random stream.
@@ -185,34 +180,6 @@ class TrainingRun:
             rng.seed_everything(self.cfg.run.seed + self.env.rank)  # own dropout stream
         else:
             self.progress = resumed
-
-    def _open_metrics(self) -> None:
-        """Rank 0's metrics.jsonl and trackers, forgetting what came after the checkpoint."""
-        tracking, step = self.cfg.tracking, self.progress.step
-        tracker = None
-        if tracking.backends:
-            project = tracking.project or self.cfg.run.name
-            tracker = Tracker(tracking.backends, self.run_dir, step, self._params(), project)
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", step, tracker)
-
-    def _params(self) -> dict[str, Any]:
-        """What a tracking run records about itself: config, world, hosts, code."""
-        try:
-            code = provenance.load(self.run_dir) or {}
-        except ValueError:
-            code = {}
-        return {
-            "config": self.cfg.to_dict(),
-            "world_size": self.env.world_size,
-            "hosts": sorted(set(self.hosts)),
-            "launcher": self.env.launcher,
-            "job_id": self.env.job_id,
-            "code": [
-                {"commit": tree.get("commit"), "dirty": tree.get("dirty")}
-                for tree in code.get("trees", [])
-            ],
-            "versions": code.get("versions", {}),
-        }
 
     def _deadline(self) -> float | None:
         """When to stop on our own, ahead of the job's time limit (rank 0 asks Slurm).
@@ -311,7 +278,7 @@ class TrainingRun:
 
     def _draw_bar(self) -> None:
         """Rank 0's terminal line: figures from the last logging step (no sync here)."""
-        loss, step, figures = self.progress.last_loss, self.progress.step, self.latest_figures
+        loss, step, figures = self.progress.last_loss, self.progress.step, self.reports.latest
         line = (
             f"{bar(step, self.total_steps)} step {step}/{self.total_steps} "
             f"epoch {self.progress.epoch} loss {'-' if math.isnan(loss) else f'{loss:.4f}'}"
@@ -357,7 +324,7 @@ class TrainingRun:
 
     def _after_step(self, loss: torch.Tensor, epoch_done: bool) -> int:
         """Log, evaluate and checkpoint on schedule; a stop reason when the run must stop now."""
-        self._write_logged_step(wait=False)  # if every rank's figures have arrived
+        self.reports.write(wait=False)  # if every rank's figures have arrived
         t, step = self.cfg.train, self.progress.step
         last = step == self.total_steps
         reason = self._stop_reason(step, last)
@@ -400,22 +367,21 @@ class TrainingRun:
         return preemption.CARRY_ON
 
     def _log_step(self, loss: torch.Tensor) -> None:
-        """All-reduce the step's loss (a sync point, so only on logging steps); send figures.
+        """All-reduce the step's loss (a sync point, so only on logging steps); report it.
 
         Every rank's telemetry for the interval is gathered in the background; the metrics
-        line is written once they have arrived, with them (`_write_logged_step`).
+        line is written once it has arrived (`hpcddp.train.reporting`).
         """
         if self.env.distributed:
             nccl = self.env.backend == "nccl"
             dist.all_reduce(loss, op=dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
             loss = loss if nccl else loss / self.env.world_size
         self.progress.last_loss = loss.item()
-        self._write_logged_step()  # the previous interval's, if its gather was slow
-        self.figures.start(self.progress.step, self.clock.close_interval())
-        if self.metrics:
-            lr = self.scheduler.get_last_lr()[0]
-            self.logged = {"step": self.progress.step, "epoch": self.progress.epoch,
-                           "loss": self.progress.last_loss, "lr": lr}  # fmt: skip
+        lr = self.scheduler.get_last_lr()[0]
+        line = {"step": self.progress.step, "epoch": self.progress.epoch,
+                "loss": self.progress.last_loss, "lr": lr}  # fmt: skip
+        self.reports.send(line, self.clock.close_interval())
+        if self.env.is_main:
             self.bar.clear()
             log.info(
                 "step %d/%d epoch %d loss %.4f lr %.3g",
@@ -425,35 +391,6 @@ class TrainingRun:
                 self.progress.last_loss,
                 lr,
             )
-
-    def _write_logged_step(self, wait: bool = True) -> None:
-        """The last logged step's metrics line, with every rank's figures (rank 0 writes).
-
-        Without ``wait`` only once the gather has completed: a step never waits for it.
-        """
-        figures = self.figures.finish(wait)  # every rank: completes its part of the gather
-        if figures is None and self.figures.pending:
-            return  # still in flight
-        line, self.logged = self.logged, None
-        if figures is None or line is None or self.metrics is None:
-            return
-        figures.pop("step")
-        if self.flops_per_sample:
-            figures |= flops.utilisation(
-                self.flops_per_sample,
-                figures["samples_per_s"],
-                self.env.world_size,
-                self.peak_flops,
-            )
-        self.latest_figures = figures
-        self.metrics.write(**line, **figures)
-        slow = figures["slowest_vs_median"]
-        if self.env.world_size > 1 and slow >= SLOW_RANK_WARNING:
-            log.warning(
-                "rank %d on %s is %.2fx slower than the median rank (steps %d..%d)",
-                figures["slowest_rank"], figures["slowest_host"], slow,
-                line["step"] - self.cfg.train.log_every_steps + 1, line["step"],
-            )  # fmt: skip
 
     @contextlib.contextmanager
     def _outside_steps(self, phase: str) -> Iterator[None]:
@@ -472,16 +409,16 @@ class TrainingRun:
         """The task's metrics over the eval set (every rank its shard), logged on rank 0."""
         if self.eval_loader is None:
             return None
-        self._write_logged_step()  # the step's line before its evaluation's
+        self.reports.write()  # the step's line before its evaluation's
         with self._outside_steps("evaluation"):
             ddp.sync_buffers(self.model)
             result = evaluation.evaluate(
                 self.model, self.eval_loader, self.task, self.device, self.cfg.train.precision
             )
         self.last_eval = result
-        if self.metrics and record:
+        if self.env.is_main and record:
             self.bar.clear()
-            self.metrics.write(step=self.progress.step, epoch=self.progress.epoch, **result)
+            self.reports.record(step=self.progress.step, epoch=self.progress.epoch, **result)
             figures = " ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in result.items())
             log.info("eval at step %d: %s", self.progress.step, figures)
         return result
