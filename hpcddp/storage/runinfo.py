@@ -25,6 +25,8 @@ FIGURES = (
     "data_wait_s",
     "rss_gb_max",
     "cuda_gb_max",
+    "tflops_per_device",
+    "mfu",
 )
 
 
