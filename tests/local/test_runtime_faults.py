@@ -205,8 +205,12 @@ def test_a_second_ctrl_c_during_the_stop_checkpoint_leaves_it_complete(tmp_path)
     assert "stopping once the checkpoint being written is complete" in output
     step = int(writing.split("-")[1].split(".")[0])
     store = CheckpointStore(run_dir)
-    assert store.latest_step() == step, output[-3000:]  # finished, not torn or lost
-    store.verify(store.path_for(step))
+    # the one being written was finished, not torn or lost (under load it may have been an
+    # epoch's checkpoint, and the stop checkpoint a step or two later, finished as well)
+    latest = store.latest_step()
+    assert latest is not None and latest >= step, output[-3000:]
+    for _, path in store.list_complete():
+        store.verify(path)
     assert not list(checkpoints.glob(".*"))  # no debris
     train_local(run_dir, *args)
     train_local(tmp_path / "straight", *args)

@@ -122,11 +122,14 @@ def test_hung_rank_ends_within_timeout_with_stacks_in_logs(slurm_cluster, tmp_pa
         state, _took = ended_within(slurm_cluster, job_id, since, timeout_s + 30)
     finally:
         slurm_cluster.run("scancel", job_id, check=False)
-    text = output.read_text()
     assert state == "FAILED"
-    assert "collective that other ranks never reached" in text
-    for rank in (0, 1, 2):
-        log = (tmp_path / "run" / "logs" / f"rank-{rank}.log").read_text()
+    logs = [(tmp_path / "run" / "logs" / f"rank-{rank}.log").read_text() for rank in (0, 1, 2)]
+    # the first survivor whose collective timed out explains it; srun may end the others
+    # (rank 0 included) before they print, so the line is in the output or in that rank's log
+    assert any(
+        "collective that other ranks never reached" in t for t in [output.read_text(), *logs]
+    )
+    for log in logs:
         assert "most recent call first" in log  # faulthandler's dump of every thread
 
 
