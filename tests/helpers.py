@@ -82,6 +82,12 @@ def train_local(run_dir, *extra: str, nproc: int = 2, config: str = QUICKSTART):
     return result
 
 
+def start_local(run_dir, *extra: str, nproc: int = 2, **popen) -> subprocess.Popen:
+    """``hpcddp train QUICKSTART run.dir=RUN_DIR EXTRA --nproc N``, started, not waited for."""
+    command = [sys.executable, "-m", "hpcddp", "train", QUICKSTART, f"run.dir={run_dir}"]
+    return subprocess.Popen([*command, *extra, "--nproc", str(nproc)], cwd=REPO, **popen)
+
+
 def wait_until(predicate, what: str, timeout: float = 120) -> None:
     """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -3,9 +3,9 @@
 Each rank calls the factories itself, so one rank can fail where the others do not (a node
 without the data, a factory that looks at the rank). Every rank then meets at one agreement
 point (`hpcddp.dist.agreement`), a small all-gather before the first collective of DDP, and
-brings its outcome and its dataset's lengths: a fault anywhere ends every rank at once with the
-failing rank's line, and datasets of different lengths, which would give the ranks shards of
-different lengths and hang the last step of an epoch, are refused before training.
+brings its outcome, its host and its dataset's lengths: a fault anywhere ends every rank at once
+with the failing rank's line, and datasets of different lengths, which would give the ranks
+shards of different lengths and hang the last step of an epoch, are refused before training.
 """
 
 import dataclasses
@@ -29,6 +29,7 @@ class Built:
     model: torch.nn.Module
     train_loader: DataLoader[Any]
     eval_loader: DataLoader[Any] | None
+    hosts: list[str] = dataclasses.field(default_factory=list)  # every rank's, in rank order
 
 
 def build(
@@ -49,12 +50,13 @@ def build(
         made = _loaders(model, dataset_fn, cfg, env, what)
     except Exception as err:  # told to every rank at the agreement point below
         fault = usercode.fault_of(err, env, what)
-    lengths = agreement.agree(
-        fault, _lengths(made), env=env, timeout_s=cfg.dist.timeout_s,
+    gathered = agreement.agree(
+        fault, (env.hostname, _lengths(made)), env=env, timeout_s=cfg.dist.timeout_s,
         doing="building its model and data",
     )  # fmt: skip
-    check_same_lengths(lengths)
+    check_same_lengths([lengths for _, lengths in gathered])
     assert made is not None  # no rank had a fault, so this one built everything
+    made.hosts = [host for host, _ in gathered]
     return made
 
 

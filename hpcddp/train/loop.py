@@ -108,7 +108,7 @@ class TrainingRun:
         # side groups are made by collectives: every rank makes them here, in the same order
         timeout_s = cfg.dist.timeout_s
         self.vote = preemption.StopVote(env.backend, env.distributed, timeout_s=timeout_s)
-        self.hosts: list[str] = collectives.all_gather_object(env.hostname)
+        self.hosts = built.hosts  # gathered at the agreement point: no collective of its own
         self.reports = Reports(cfg, env, device, self.hosts)  # telemetry's side group
         self.train_ended = 0.0
         self.progress = Progress()

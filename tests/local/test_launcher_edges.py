@@ -3,36 +3,22 @@ left-over launch variables are refused at once instead of a 300 s wait."""
 
 import json
 import subprocess
-import sys
 import time
 
 import psutil
 
 from hpcddp import exit_codes
-from tests.helpers import QUICK, QUICKSTART, REPO, TINY, run_cli, wait_for_step
+from tests.helpers import QUICK, QUICKSTART, TINY, run_cli, start_local, wait_for_step
 
 LONG = [*QUICK, "train.epochs=200", "train.log_every_steps=1"]
 
 
 def test_kill_9_of_the_launcher_leaves_no_rank_alive(tmp_path):
     run_dir = tmp_path / "run"
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hpcddp",
-            "train",
-            QUICKSTART,
-            f"run.dir={run_dir}",
-            *LONG,
-            "--nproc",
-            "2",
-        ],
-        cwd=REPO,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
+    launcher = start_local(
+        run_dir, *LONG, start_new_session=True, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )
+    )  # fmt: skip
     try:
         wait_for_step(run_dir, 3)
         ranks = psutil.Process(launcher.pid).children()

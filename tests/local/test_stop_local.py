@@ -3,37 +3,22 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from hpcddp import exit_codes
-from tests.helpers import EXACT, QUICKSTART, REPO, summary, train_local, wait_for_step
+from tests.helpers import EXACT, start_local, summary, train_local, wait_for_step
 
 pytestmark = pytest.mark.slow
 LONG = [*EXACT, "train.epochs=40", "train.log_every_steps=1"]
 
 
 def start(run_dir):
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hpcddp",
-            "train",
-            QUICKSTART,
-            f"run.dir={run_dir}",
-            *LONG,
-            "--nproc",
-            "2",
-        ],
-        cwd=REPO,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return start_local(
+        run_dir, *LONG, start_new_session=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
 
 
 def rank_pids(launcher):
@@ -83,26 +68,11 @@ def test_stops_before_the_time_limit_without_any_signal(tmp_path):
     """No signal configured: the ranks still stop and checkpoint ahead of the job's end."""
     run_dir = tmp_path / "run"
     end = time.time() + 30  # what Slurm's SLURM_JOB_END_TIME / squeue %e would say
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hpcddp",
-            "train",
-            QUICKSTART,
-            f"run.dir={run_dir}",
-            *LONG,
-            "train.stop_before_end_s=20",
-            "train.epochs=1000",
-            "--nproc",
-            "2",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    launcher = start_local(
+        run_dir, *LONG, "train.stop_before_end_s=20", "train.epochs=1000",
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "SLURM_JOB_END_TIME": str(int(end))},
-    )
+    )  # fmt: skip
     output, _ = launcher.communicate(timeout=120)
     assert launcher.returncode == exit_codes.STOPPED_NOT_REQUEUED, output[-3000:]
     assert time.time() < end  # stopped before the limit, not killed at it
