@@ -5,7 +5,7 @@ The package has wings by world (each subpackage's docstring says what it may imp
 - ground floor: `hpcddp.config`, `hpcddp.errors`, `hpcddp.exit_codes`, `hpcddp.progress`
 - `hpcddp.launch`: who am I (hostlists, launch contexts, ports, the local launcher); torch-free
 - `hpcddp.storage`: run directory, atomic files, checkpoints, plots
-- `hpcddp.dist`: the process group's life, collectives, failure reports, guarded downloads
+- `hpcddp.comm`: the process group's life, collectives, failure reports, guarded downloads
 - `hpcddp.train`: the trainer and its loop
 - `hpcddp.slurm`: job scripts, submission, queue, status, the job index; torch-free at import
 - `hpcddp.cli`: the ``hpcddp`` command, on top
@@ -21,13 +21,13 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "DistEnv": "hpcddp.launch.distenv",
     "resolve_env": "hpcddp.launch.resolve",
-    "process_group": "hpcddp.dist.group",
+    "process_group": "hpcddp.comm.group",
     "Config": "hpcddp.config",
     "load_config": "hpcddp.config",
     "Trainer": "hpcddp.train.trainer",
-    "download": "hpcddp.dist.download",
-    "main_process_first": "hpcddp.dist.download",
-    "stage": "hpcddp.dist.staging",
+    "download": "hpcddp.comm.download",
+    "main_process_first": "hpcddp.comm.download",
+    "stage": "hpcddp.comm.staging",
     "submit": "hpcddp.slurm.submission",
     "sweep": "hpcddp.slurm.submission",
     "HpcddpError": "hpcddp.errors",

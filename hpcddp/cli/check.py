@@ -29,8 +29,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         argv = ["check", *([config_path] if config_path else []), *overrides]
         return launch([*argv, "--size-mb", str(args.size_mb)], args.nproc)
-    from hpcddp.dist.checktable import as_text
-    from hpcddp.dist.preflight import check
+    from hpcddp.check.preflight import check
+    from hpcddp.check.table import as_text
     from hpcddp.launch.local import watch_launcher
 
     watch_launcher(os.environ)

@@ -2,7 +2,7 @@
 
 Errors hpcddp raises on purpose end the command with one line and a non-zero exit (2 for bad
 input, 1 for failures at run time); anything else keeps its traceback. An error every rank
-reaches is printed once: by our local launcher, or by rank 0 (`hpcddp.launch.reports`).
+reaches is printed once: by our local launcher, or by rank 0 (`hpcddp.launch.error_reports`).
 """
 
 import argparse
@@ -24,7 +24,7 @@ from hpcddp.errors import (
     PeerLostError,
     UserCodeError,
 )
-from hpcddp.launch import reports
+from hpcddp.launch import error_reports
 from hpcddp.launch.contexts import claimed_rank
 
 USAGE_ERRORS = (ConfigError, LaunchError, HostlistError)
@@ -50,14 +50,14 @@ def exit_status(err: HpcddpError) -> int:
 
 def report(err: HpcddpError, code: int) -> None:
     """Say what ended this process, once per job rather than once per rank."""
-    path = os.environ.get(reports.REPORT_FILE_VAR)
+    path = os.environ.get(error_reports.REPORT_FILE_VAR)
     if path:
         rank = claimed_rank(os.environ) or 0
-        found = reports.Report(
+        found = error_reports.Report(
             rank, socket.gethostname(), code, str(err), isinstance(err, PeerLostError)
         )
-        reports.write(path, found)
-    elif reports.should_print(os.environ, own_place=_own_place(err)):
+        error_reports.write(path, found)
+    elif error_reports.should_print(os.environ, own_place=_own_place(err)):
         print(f"hpcddp: error: {err}", file=sys.stderr, flush=True)
     elif getattr(err, "agreed", False):
         # Rank 0 prints it. Under `srun --kill-on-bad-exit` the first rank to exit ends the

@@ -1,10 +1,10 @@
-"""``hpcddp plot RUN_DIR``: a run's metrics as one PNG (drawn by `hpcddp.storage.plot`)."""
+"""``hpcddp plot RUN_DIR``: a run's metrics as one PNG (drawn by `hpcddp.storage.charts`)."""
 
 import argparse
 from typing import Any
 
 from hpcddp import exit_codes
-from hpcddp.storage.plot import plot_run
+from hpcddp.storage.charts import plot_run
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

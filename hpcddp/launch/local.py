@@ -3,7 +3,7 @@
 The children find their place through ``HPCDDP_LOCAL_*`` variables (see
 `hpcddp.launch.contexts.LocalContext`). If one child fails, the others are stopped soon after
 rather than left waiting in a collective until its timeout. The children report what ended
-them (`hpcddp.launch.reports`) instead of printing it, and the launcher prints each distinct
+them (`hpcddp.launch.error_reports`) instead of printing it, and the launcher prints each distinct
 cause once. If the launcher itself dies, even by ``kill -9``, the kernel tells every child
 (``PR_SET_PDEATHSIG``): it stops cleanly, and `watch_launcher` ends it if it cannot.
 """
@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from hpcddp.launch import reports
+from hpcddp.launch import error_reports
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def child_env(
         MASTER_PORT=str(port),
     )
     if report_dir is not None:
-        env[reports.REPORT_FILE_VAR] = str(report_dir / f"rank-{rank}.json")
+        env[error_reports.REPORT_FILE_VAR] = str(report_dir / f"rank-{rank}.json")
     return env
 
 
@@ -128,14 +128,14 @@ def launch(argv: Sequence[str], nproc: int) -> int:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        return _outcome(failed, reports.read_all(sorted(report_dir.glob("rank-*.json"))))
+        return _outcome(failed, error_reports.read_all(sorted(report_dir.glob("rank-*.json"))))
 
 
-def _outcome(failed: tuple[int, int] | None, found: list[reports.Report]) -> int:
+def _outcome(failed: tuple[int, int] | None, found: list[error_reports.Report]) -> int:
     """Print what ended the run, once; return the job's exit status."""
     if failed is None:
         return 0
-    lines, code = reports.summarize(found)
+    lines, code = error_reports.summarize(found)
     if not lines or code is None:  # no rank said why (killed, or it printed its traceback)
         rank, code = failed
         lines = [f"hpcddp: local rank {rank} exited with code {code}; the others were stopped"]

@@ -48,8 +48,8 @@ class CheckTask:
 
     def __call__(self) -> dict[str, Any]:
         """Run the check on this task's rank (torch is imported here, in the job)."""
-        from hpcddp.dist.checktable import as_text
-        from hpcddp.dist.preflight import check
+        from hpcddp.check.preflight import check
+        from hpcddp.check.table import as_text
 
         outcome = check(self.config, self.size_mb)
         if outcome.report is not None:

@@ -5,7 +5,7 @@ Layout::
     RUN_DIR/config.yaml      the resolved configuration
     RUN_DIR/checkpoints/     step-numbered, complete checkpoints only
     RUN_DIR/logs/rank-N.log  one log per rank
-    RUN_DIR/metrics.jsonl    one line per logged step and evaluation (`hpcddp.storage.metrics`)
+    RUN_DIR/metrics.jsonl    one line per logged step and evaluation (`hpcddp.storage.metrics_log`)
     RUN_DIR/summary.json     written when the run completes
     RUN_DIR/attempts.jsonl   every attempt: nodes, why it ended, steps (`hpcddp.storage.attempts`)
     RUN_DIR/provenance.json  the code, versions and job that ran (`hpcddp.storage.provenance`)

@@ -2,7 +2,7 @@
 
 Each rank calls the factories itself, so one rank can fail where the others do not (a node
 without the data, a factory that looks at the rank). Every rank then meets at one agreement
-point (`hpcddp.dist.agreement`), a small all-gather before the first collective of DDP, and
+point (`hpcddp.comm.agreement`), a small all-gather before the first collective of DDP, and
 brings its outcome, its host and its dataset's lengths: a fault anywhere ends every rank at once
 with the failing rank's line, and datasets of different lengths, which would give the ranks
 shards of different lengths and hang the last step of an epoch, are refused before training.
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from hpcddp.comm import agreement
 from hpcddp.config import Config
-from hpcddp.dist import agreement
 from hpcddp.errors import ConfigError, UserCodeError, agreed
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.train import data, rng, usercode

@@ -5,7 +5,7 @@ Saving: each rank contributes its RNG states; rank 0 copies the state to host me
 thread (`hpcddp.storage.checkpoint`: temp file, hash while writing, fsync, rename). The next
 save, a stop and the end of training first wait for that write; its failure reaches every rank
 then, as the same error. The ranks that wait for rank 0 wait on a group whose timeout fits the
-checkpoint's size (`hpcddp.dist.waiting`), never tripping ``dist.timeout_s``.
+checkpoint's size (`hpcddp.comm.waiting`), never tripping ``dist.timeout_s``.
 
 Resuming: local rank 0 of each node verifies the newest checkpoint's sha256 (one read of the
 file per node, through that node's page cache) while every rank maps the file and copies each
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from hpcddp.comm import collectives, waiting
 from hpcddp.config import TrainConfig
-from hpcddp.dist import collectives, waiting
 from hpcddp.errors import CheckpointError, ConfigError, DistributedError, agreed
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.storage import mapped

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from hpcddp.dist import collectives
+from hpcddp.comm import collectives
 from hpcddp.errors import ConfigError
-from hpcddp.train import batches, metrics
+from hpcddp.train import batches, task_metrics
 from hpcddp.train.ddp import autocast
 from hpcddp.train.task import Task
 
@@ -27,11 +27,11 @@ def evaluate(
         for batch in loader:
             batch = batches.to_device(batch, device)
             with autocast(precision, device):
-                metrics.add(totals, _scores(module, task, batch))
+                task_metrics.add(totals, _scores(module, task, batch))
     finally:
         module.train()
-    merged = metrics.merge(collectives.all_gather_object(metrics.as_floats(totals)))
-    return metrics.finish(merged, task.kind)
+    merged = task_metrics.merge(collectives.all_gather_object(task_metrics.as_floats(totals)))
+    return task_metrics.finish(merged, task.kind)
 
 
 def _scores(module: torch.nn.Module, task: Task, batch: Any) -> dict:
@@ -52,4 +52,4 @@ def _scores(module: torch.nn.Module, task: Task, batch: Any) -> dict:
             f"{err} For evaluation, define eval_step(model, batch) -> {{name: (sum, count)}} "
             "too (or set task.eval_step)."
         ) from None
-    return metrics.score(task, module(*fed.args, **fed.kwargs), batch, fed.targets)
+    return task_metrics.score(task, module(*fed.args, **fed.kwargs), batch, fed.targets)

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpcddp.comm import collectives, failures
 from hpcddp.config import Config
-from hpcddp.dist import collectives, failures
 from hpcddp.errors import ConfigError, DistributedError, NonFiniteError
 from hpcddp.launch import deadline, requeue
 from hpcddp.launch.distenv import DistEnv
@@ -45,8 +45,8 @@ from hpcddp.train import (
 )
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.optim import make_optimizer, make_scheduler
-from hpcddp.train.reporting import Reports
 from hpcddp.train.state import Progress, weights_sha256
+from hpcddp.train.step_reports import Reports
 from hpcddp.train.stepping import Stepper
 from hpcddp.train.task import Task
 from hpcddp.train.timeline import Timeline, summarise, table
@@ -370,7 +370,7 @@ class TrainingRun:
         """All-reduce the step's loss (a sync point, so only on logging steps); report it.
 
         Every rank's telemetry for the interval is gathered in the background; the metrics
-        line is written once it has arrived (`hpcddp.train.reporting`).
+        line is written once it has arrived (`hpcddp.train.step_reports`).
         """
         if self.env.distributed:
             nccl = self.env.backend == "nccl"

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcddp.dist.collectives import gloo_side_group
+from hpcddp.comm.collectives import gloo_side_group
 
 log = logging.getLogger(__name__)
 

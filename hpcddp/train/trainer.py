@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
+from hpcddp.comm import collectives as collective
+from hpcddp.comm import rendezvous
+from hpcddp.comm.group import Joined, joined
 from hpcddp.config import Config
-from hpcddp.dist import collectives as collective
-from hpcddp.dist import rendezvous
-from hpcddp.dist.group import Joined, joined
 from hpcddp.errors import ConfigError, HpcddpError, LaunchError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.resolve import check_backend, place

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 import hpcddp
-from hpcddp.dist.agreement import Fault
+from hpcddp.comm.agreement import Fault
 from hpcddp.errors import ConfigError, HpcddpError, UserCodeError
 from hpcddp.launch.distenv import DistEnv
 

@@ -67,6 +67,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from hpcddp.comm.group import leave_together
 from hpcddp.config import (
     Config,
     DataConfig,
@@ -77,7 +78,6 @@ from hpcddp.config import (
     TrainConfig,
     load_config,
 )
-from hpcddp.dist.group import leave_together
 from hpcddp.errors import HpcddpError
 from hpcddp.launch.local import child_env, free_port
 from hpcddp.train.optim import lr_factor

@@ -7,7 +7,7 @@ test starts real Python processes that import torch, so this tier takes a few mi
 
 import pytest
 
-from tests.helpers import clear_launcher_environment
+from tests.fixtures.helpers import clear_launcher_environment
 
 
 @pytest.fixture(autouse=True)

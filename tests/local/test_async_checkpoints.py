@@ -1,6 +1,6 @@
 """Checkpoints written in the background: a kill -9 mid-write, and a stop with a write in flight.
 
-Both runs name `tests.slow_writes:make_model`, the quickstart model with every checkpoint
+Both runs name `tests.fixtures.slow_writes:make_model`, the quickstart model with every checkpoint
 write() delayed, so there is time to act while a background write is under way.
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 from hpcddp import exit_codes
 from hpcddp.storage.checkpoint import CheckpointStore
-from tests.helpers import EXACT, QUICKSTART, REPO, summary, train_local, wait_until
+from tests.fixtures.helpers import EXACT, QUICKSTART, REPO, summary, train_local, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,10 @@ def writing(run_dir, step):
 
 
 def test_kill_9_during_a_background_write_leaves_the_previous_checkpoint_latest(tmp_path):
-    slow = ["model.factory=tests.slow_writes:make_model", "model.kwargs={write_delay_s: 3}"]
+    slow = [
+        "model.factory=tests.fixtures.slow_writes:make_model",
+        "model.kwargs={write_delay_s: 3}",
+    ]
     args = [*EXACT, *slow, "train.checkpoint_every_steps=2", "train.max_steps=6"]
     run = hpcddp_train(tmp_path, *args)
     try:
@@ -52,7 +55,10 @@ def test_kill_9_during_a_background_write_leaves_the_previous_checkpoint_latest(
 
 
 def test_a_stop_with_a_write_in_flight_waits_for_it_and_resumes_exactly(tmp_path):
-    slow = ["model.factory=tests.slow_writes:make_model", "model.kwargs={write_delay_s: 0.3}"]
+    slow = [
+        "model.factory=tests.fixtures.slow_writes:make_model",
+        "model.kwargs={write_delay_s: 0.3}",
+    ]
     args = [*EXACT, *slow, "train.epochs=1", "train.checkpoint_every_steps=4"]
     run_dir = tmp_path / "stopped"
     run = hpcddp_train(run_dir, *args, nproc=2)

@@ -17,7 +17,7 @@ import pytest
 
 from hpcddp import exit_codes
 from hpcddp.storage.checkpoint import CheckpointStore
-from tests.helpers import QUICK, REPO, TINY, run_cli, wait_for_step
+from tests.fixtures.helpers import QUICK, REPO, TINY, run_cli, wait_for_step
 
 QS = "examples/quickstart.yaml"
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d \[rank \d+/\d+ ")  # rank 0's progress log, not an error

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from hpcddp import exit_codes
-from tests.helpers import QUICKSTART, TINY, run_cli
+from tests.fixtures.helpers import QUICKSTART, TINY, run_cli
 
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d \[rank \d+/\d+ ")  # rank 0's progress log, not an error
 

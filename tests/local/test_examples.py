@@ -14,7 +14,7 @@ from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.resolve import resolve_env
 from hpcddp.train.trainer import Trainer
-from tests.helpers import REPO, LoopbackServer, run_cli, summary
+from tests.fixtures.helpers import REPO, LoopbackServer, run_cli, summary
 
 CORPUS = REPO / "examples" / "data" / "tiny-corpus.txt"
 CHARGPT_YAML = REPO / "examples" / "chargpt.yaml"

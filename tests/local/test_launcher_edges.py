@@ -8,7 +8,7 @@ import time
 import psutil
 
 from hpcddp import exit_codes
-from tests.helpers import QUICK, QUICKSTART, TINY, run_cli, start_local, wait_for_step
+from tests.fixtures.helpers import QUICK, QUICKSTART, TINY, run_cli, start_local, wait_for_step
 
 LONG = [*QUICK, "train.epochs=200", "train.log_every_steps=1"]
 

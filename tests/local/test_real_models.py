@@ -11,7 +11,7 @@ from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.resolve import resolve_env
 from hpcddp.storage.checkpoint import CheckpointStore
-from tests.helpers import QUICK, QUICKSTART, TINY, run_cli
+from tests.fixtures.helpers import QUICK, QUICKSTART, TINY, run_cli
 
 
 class Shaped(nn.Module):
@@ -124,7 +124,7 @@ def test_an_empty_eval_set_is_refused_at_start_up(tmp_path):
 
 NAN_AT_8_ON_RANK_1 = [
     *QUICK,
-    "model.factory=tests.faulty_model:make_model",
+    "model.factory=tests.fixtures.faulty_model:make_model",
     "model.kwargs={rank: 1, at_call: 8, mode: nan}",
     "train.checkpoint_every_steps=3",
     "train.log_every_steps=1",

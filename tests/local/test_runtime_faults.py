@@ -19,7 +19,7 @@ import pytest
 
 from hpcddp import exit_codes
 from hpcddp.storage.checkpoint import CheckpointStore
-from tests.helpers import (
+from tests.fixtures.helpers import (
     EXACT,
     QUICKSTART,
     REPO,
@@ -33,7 +33,7 @@ from tests.helpers import (
 
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d \[rank \d+/\d+ ")  # a rank's log line, not an error
 ERROR = "hpcddp: error: "
-SETUP = "tests.faulty_setup"
+SETUP = "tests.fixtures.faulty_setup"
 
 
 def errors_in(stderr: str) -> list[str]:
@@ -53,8 +53,8 @@ CASES = [
         [f"model.factory={SETUP}:make_model", "model.kwargs={fail_on_rank: 1}"],
         {},
         1,
-        "the model factory tests.faulty_setup:make_model raised on rank 1 (",
-        f"{line_of('tests/faulty_setup.py', 'raise ValueError')} in check_width",
+        "the model factory tests.fixtures.faulty_setup:make_model raised on rank 1 (",
+        f"{line_of('tests/fixtures/faulty_setup.py', 'raise ValueError')} in check_width",
     ),
     (
         "dataset-factory-raises-on-rank-0",
@@ -65,7 +65,7 @@ CASES = [
         {},
         1,
         "FileNotFoundError: /data/shard-0.bin is not on this node",
-        f"{line_of('tests/faulty_setup.py', 'raise FileNotFoundError')} in make_dataset",
+        f"{line_of('tests/fixtures/faulty_setup.py', 'raise FileNotFoundError')} in make_dataset",
     ),
     (
         "dataset-shorter-on-one-rank",
@@ -104,19 +104,22 @@ CASES = [
     ),
     (
         "factory-module-raises-on-import",
-        ["model.factory=tests.broken_factories:make_model"],
+        ["model.factory=tests.fixtures.broken_factories:make_model"],
         {},
         2,
-        "importing 'tests.broken_factories' raised KeyError: 'depth'",
+        "importing 'tests.fixtures.broken_factories' raised KeyError: 'depth'",
         None,
     ),
     (
         "forward-raises-on-rank-1",
-        ["model.factory=tests.faulty_model:make_model", "model.kwargs={rank: 1, at_call: 1}"],
+        [
+            "model.factory=tests.fixtures.faulty_model:make_model",
+            "model.kwargs={rank: 1, at_call: 1}",
+        ],
         {},
         1,
         "(rank 1) your code in training raised on rank 1 (",
-        f"{line_of('tests/faulty_model.py', 'raise RuntimeError')} in forward",
+        f"{line_of('tests/fixtures/faulty_model.py', 'raise RuntimeError')} in forward",
     ),
     (
         "model-factory-hangs-on-rank-1",
@@ -185,7 +188,10 @@ def test_a_second_ctrl_c_during_the_stop_checkpoint_leaves_it_complete(tmp_path)
     """Ctrl-C, then Ctrl-C again while the stop checkpoint is being written (in the background,
     each write() slowed down): the checkpoint is finished, verifies, and the run resumes from
     it to the same weights as a run never interrupted."""
-    slow = ["model.factory=tests.slow_writes:make_model", "model.kwargs={write_delay_s: 0.5}"]
+    slow = [
+        "model.factory=tests.fixtures.slow_writes:make_model",
+        "model.kwargs={write_delay_s: 0.5}",
+    ]
     # no scheduled checkpoint: the only file ever being written is the stop checkpoint
     args = [*EXACT, *slow, "train.log_every_steps=1", "train.checkpoint_every_steps=1000"]
     run_dir = tmp_path / "run"

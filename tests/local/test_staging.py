@@ -2,7 +2,7 @@
 
 import json
 
-from tests.helpers import TINY, train_local
+from tests.fixtures.helpers import TINY, train_local
 
 
 def test_two_ranks_stage_once_and_both_read_the_copy(tmp_path):
@@ -14,7 +14,7 @@ def test_two_ranks_stage_once_and_both_read_the_copy(tmp_path):
     train_local(
         run_dir,
         *TINY,
-        "data.factory=tests.staged_data:make_dataset",
+        "data.factory=tests.fixtures.staged_data:make_dataset",
         f"data.kwargs={json.dumps(kwargs)}",
     )
     logs = [(run_dir / "logs" / f"rank-{r}.log").read_text() for r in (0, 1)]

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from hpcddp import exit_codes
-from tests.helpers import EXACT, start_local, summary, train_local, wait_for_step
+from tests.fixtures.helpers import EXACT, start_local, summary, train_local, wait_for_step
 
 pytestmark = pytest.mark.slow
 LONG = [*EXACT, "train.epochs=40", "train.log_every_steps=1"]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.helpers import summary, train_local
+from tests.fixtures.helpers import summary, train_local
 
 pytestmark = pytest.mark.slow
 

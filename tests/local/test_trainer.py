@@ -10,7 +10,7 @@ from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.resolve import resolve_env
 from hpcddp.train.data import default_num_workers
-from tests.helpers import EXACT, QUICKSTART, run_cli, summary, train_local
+from tests.fixtures.helpers import EXACT, QUICKSTART, run_cli, summary, train_local
 
 
 def train_exact(run_dir, *extra, nproc=2):
@@ -197,7 +197,7 @@ def _torchrun(local_world: int) -> dict:
     ],
 )
 def test_ranks_in_one_slurm_task_share_its_cpus(launch, cpus, workers, threads):
-    from hpcddp.dist.group import cpu_threads
+    from hpcddp.comm.group import cpu_threads
 
     env = resolve_env(launch, cuda_devices=lambda: 0, ancestors=lambda: [1])
     assert default_num_workers(env, cpus) == workers

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import REPO
+from tests.fixtures.helpers import REPO
 
 CLUSTER_SCRIPT = REPO / "tests" / "cluster" / "local-slurm.sh"
 

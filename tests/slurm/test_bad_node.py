@@ -1,8 +1,8 @@
 """A node that kills its rank is left out of the requeued attempt, and the run completes.
 
 The run starts on one node of the two; once it runs there, the test names that node as bad
-(`tests.bad_node`): its rank kills itself, srun names the node, the job script requeues the job
-with that node excluded, and the next attempt resumes on the other node and finishes.
+(`tests.fixtures.bad_node`): its rank kills itself, srun names the node, the job script requeues
+the job with that node excluded, and the next attempt resumes on the other node and finishes.
 """
 
 import json
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.helpers import QUICK, summary, wait_until
+from tests.fixtures.helpers import QUICK, summary, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def test_the_failing_node_is_excluded_on_requeue_and_the_run_completes(slurm_clu
         "train.epochs=3",
         "train.checkpoint_every_steps=4",
         "train.log_every_steps=1",
-        "model.factory=tests.bad_node:make_model",
+        "model.factory=tests.fixtures.bad_node:make_model",
         f"model.kwargs={{host_file: {bad_host}, at_call: 10}}",
         options=("--nodes=1", "--ntasks-per-node=2", "--job-name=badnode"),
         wait=False,

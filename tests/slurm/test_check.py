@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import hpcddp
-from tests.helpers import REPO
+from tests.fixtures.helpers import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import QUICK, REPO, summary, wait_for_step, wait_until
+from tests.fixtures.helpers import QUICK, REPO, summary, wait_for_step, wait_until
 
 pytestmark = pytest.mark.slow
 

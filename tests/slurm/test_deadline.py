@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.helpers import QUICK, TINY
+from tests.fixtures.helpers import QUICK, TINY
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers import REPO, LoopbackServer, summary
+from tests.fixtures.helpers import REPO, LoopbackServer, summary
 
 pytestmark = pytest.mark.slow
 

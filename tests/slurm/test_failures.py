@@ -6,7 +6,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import QUICK, line_of, wait_for_step
+from tests.fixtures.helpers import QUICK, line_of, wait_for_step
 
 pytestmark = pytest.mark.slow
 LONG = [*QUICK, "train.epochs=200", "train.log_every_steps=1"]
@@ -88,7 +88,7 @@ def test_exception_in_one_rank_shows_one_traceback_and_stops_all(slurm_cluster, 
     job_id, output = submit(
         slurm_cluster,
         tmp_path,
-        "model.factory=tests.faulty_model:make_model",
+        "model.factory=tests.fixtures.faulty_model:make_model",
         "model.kwargs={rank: 2, at_call: 6, mode: raise}",
     )
     since = time.monotonic()
@@ -104,7 +104,8 @@ def test_exception_in_one_rank_shows_one_traceback_and_stops_all(slurm_cluster, 
     host = cluster_host(slurm_cluster, 2)
     assert (
         f"hpcddp: error: your code in training raised on rank 2 ({host}): RuntimeError: "
-        f"injected failure on rank 2 at {line_of('tests/faulty_model.py', 'raise RuntimeError')} "
+        f"injected failure on rank 2 at "
+        f"{line_of('tests/fixtures/faulty_model.py', 'raise RuntimeError')} "
         "in forward. HINT: " in text
     )
     frames = [line for line in text.splitlines() if line.lstrip().startswith('File "')]

@@ -7,7 +7,7 @@ the first half of the stopped one run side by side to keep the tier short.
 
 import pytest
 
-from tests.helpers import summary
+from tests.fixtures.helpers import summary
 
 pytestmark = pytest.mark.slow
 NODES = ("--nodes=2", "--ntasks-per-node=1")

@@ -7,7 +7,7 @@ import time
 import yaml
 
 from hpcddp.config import load_config
-from tests.helpers import ENDED, HOSTILE, QUICK, REPO, summary
+from tests.fixtures.helpers import ENDED, HOSTILE, QUICK, REPO, summary
 
 
 def test_submits_a_two_node_job_from_another_directory(slurm_cluster, tmp_path):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.helpers import QUICKSTART, TINY
+from tests.fixtures.helpers import QUICKSTART, TINY
 
 PY = sys.executable
 

@@ -3,7 +3,7 @@ its TensorBoard run is one run that holds each step once, as an uninterrupted ru
 
 import pytest
 
-from tests.helpers import QUICK, summary, wait_for_step, wait_until
+from tests.fixtures.helpers import QUICK, summary, wait_for_step, wait_until
 
 pytestmark = pytest.mark.slow
 LONGER = [*QUICK, "train.epochs=6", "train.log_every_steps=1", "tracking.backends=[tensorboard]"]

@@ -12,14 +12,17 @@ import time
 import pytest
 import yaml
 
-from tests.helpers import ENDED, QUICKSTART, REPO, TINY, line_of
+from tests.fixtures.helpers import ENDED, QUICKSTART, REPO, TINY, line_of
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_setup_fault_on_one_rank_of_two_nodes_is_told_once(slurm_cluster, tmp_path):
     config = yaml.safe_load((REPO / QUICKSTART).read_text())
-    config["model"] = {"factory": "tests.faulty_setup:make_model", "kwargs": {"fail_on_rank": 2}}
+    config["model"] = {
+        "factory": "tests.fixtures.faulty_setup:make_model",
+        "kwargs": {"fail_on_rank": 2},
+    }
     config["run"]["dir"] = str(tmp_path / "run")
     odd = tmp_path / "my=odd.yaml"
     odd.write_text(yaml.safe_dump(config))
@@ -42,9 +45,9 @@ def test_a_setup_fault_on_one_rank_of_two_nodes_is_told_once(slurm_cluster, tmp_
     assert took < 120, f"the job took {took:.0f} s to end"  # no rank waited for a timeout
     host = slurm_cluster.ranks_on(2, 2)[2]
     errors = [line for line in output.splitlines() if line.startswith("hpcddp: error: ")]
-    frame = line_of("tests/faulty_setup.py", "raise ValueError")
+    frame = line_of("tests/fixtures/faulty_setup.py", "raise ValueError")
     assert errors == [
-        "hpcddp: error: the model factory tests.faulty_setup:make_model raised on rank 2 "
+        "hpcddp: error: the model factory tests.fixtures.faulty_setup:make_model raised on rank 2 "
         f"({host}): ValueError: width 255 must be even at {frame} in check_width. HINT: fix "
         "your code there; the traceback, trimmed to your code, is in RUN_DIR/logs/rank-2.log "
         "and above."

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.helpers import QUICK, REPO, summary
+from tests.fixtures.helpers import QUICK, REPO, summary
 
 pytestmark = pytest.mark.slow
 

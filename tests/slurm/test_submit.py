@@ -11,7 +11,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import hpcddp
 from hpcddp.slurm import submission
-from tests.helpers import QUICK, REPO, run_cli, summary, wait_until
+from tests.fixtures.helpers import QUICK, REPO, run_cli, summary, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hpcddp.train.timeline import PHASES
-from tests.helpers import QUICK, REPO, run_cli
+from tests.fixtures.helpers import QUICK, REPO, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def test_a_slowed_node_is_named_as_the_slowest_rank(slurm_cluster, tmp_path):
         f"run.dir={run_dir}",
         *QUICK,
         "train.log_every_steps=4",
-        "model.factory=tests.slow_rank:make_model",
+        "model.factory=tests.fixtures.slow_rank:make_model",
         f"model.kwargs={{host: {slow}, delay_s: 0.02}}",
         options=("--nodes=2", "--ntasks-per-node=1", "--job-name=slowrank"),
     )

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import hpcddp
-from tests.helpers import QUICK, REPO, summary
+from tests.fixtures.helpers import QUICK, REPO, summary
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ENDED, QUICK, REPO, summary
+from tests.fixtures.helpers import ENDED, QUICK, REPO, summary
 
 
 def submit(cluster, tmp_path, script: str, run_dir, *options: str) -> str:

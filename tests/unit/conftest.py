@@ -6,7 +6,7 @@ commands on PATH). Runs in about a minute.
 
 import pytest
 
-from tests.helpers import clear_launcher_environment
+from tests.fixtures.helpers import clear_launcher_environment
 
 
 @pytest.fixture(autouse=True)

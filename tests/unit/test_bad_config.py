@@ -12,7 +12,7 @@ import pytest
 
 from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
-from tests.helpers import QUICKSTART, REPO, run_cli
+from tests.fixtures.helpers import QUICKSTART, REPO, run_cli
 
 
 def alias_bomb(levels: int = 9, width: int = 9) -> list[str]:

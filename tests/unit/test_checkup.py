@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from hpcddp.dist import checktable, checkup
+from hpcddp.check import checkup, table
 
 N1 = {"lo": ["127.0.0.1"], "ib0": ["172.31.0.11"], "eth0": ["10.0.0.11"]}
 N2 = {"lo": ["127.0.0.1"], "ib0": ["172.31.0.12"], "ens4": ["10.0.0.12"]}
@@ -79,7 +79,7 @@ def lines(found):
 def test_a_healthy_job_has_no_problems_and_says_it_would_train():
     good = report()
     assert checkup.problems(good) == []
-    text = checktable.as_text(good, [])
+    text = table.as_text(good, [])
     assert text.splitlines()[-1] == "no problems found: the job should train."
     header = text.splitlines()[2].split()
     assert header[:5] == ["rank", "host", "local", "cpus", "gpus"]
@@ -118,7 +118,7 @@ def test_mismatched_torch_is_an_error_naming_each_version_and_its_nodes():
         "same software. Fix: install the same environment on every node (one venv or container "
         "image on a shared file system)."
     ]
-    text = checktable.as_text(report(skew), found)
+    text = table.as_text(report(skew), found)
     assert text.splitlines()[-1] == "1 error(s), 0 warning(s): the job would not train."
 
 

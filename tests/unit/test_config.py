@@ -10,7 +10,7 @@ from hpcddp.config import Config, from_dict, load_config, reference
 from hpcddp.config.loading import field_types, type_name
 from hpcddp.config.sections import field_help
 from hpcddp.errors import ConfigError
-from tests.helpers import REPO
+from tests.fixtures.helpers import REPO
 
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 

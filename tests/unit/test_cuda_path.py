@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from hpcddp.comm import group as distributed
 from hpcddp.config import Config, load_config
-from hpcddp.dist import group as distributed
 from hpcddp.launch.resolve import resolve_env
 from hpcddp.train import data, ddp
 

@@ -18,11 +18,11 @@ import types
 
 import pytest
 
-from hpcddp.dist import download as dl
-from hpcddp.dist.download import bar_line, download, main_process_first
+from hpcddp.comm import download as dl
+from hpcddp.comm.download import bar_line, download, main_process_first
 from hpcddp.errors import DownloadError
 from hpcddp.progress import ProgressBar
-from tests.helpers import REPO, LoopbackServer
+from tests.fixtures.helpers import REPO, LoopbackServer
 
 PAYLOAD = bytes(range(256)) * 4096 + b"tail"  # ~1 MiB, so streaming takes more than one chunk
 PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
@@ -369,7 +369,7 @@ def test_download_progress_draws_through_the_shared_bar(caplog):
     assert stream.getvalue().count("\r\033[K") == 2 and stream.getvalue().endswith("\n")
 
     quiet = io.StringIO()  # not a terminal: nothing drawn, one log line at the end
-    with caplog.at_level(logging.INFO, logger="hpcddp.dist.download"):
+    with caplog.at_level(logging.INFO, logger="hpcddp.comm.download"):
         progress = dl._Progress("g.bin", 1_000_000, stream=quiet)
         progress.update(1_000_000)
         progress.close()

@@ -24,7 +24,7 @@ from hpcddp.cli import sbatch as sbatch_cli
 from hpcddp.config import from_dict, load_config
 from hpcddp.errors import ConfigError, HpcddpError, LaunchError
 from hpcddp.slurm import jobscript, options
-from tests.helpers import HOSTILE, REPO, run_cli
+from tests.fixtures.helpers import HOSTILE, REPO, run_cli
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 

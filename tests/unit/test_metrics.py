@@ -7,7 +7,7 @@ import torch
 
 from hpcddp.config import TaskConfig
 from hpcddp.launch.resolve import resolve_env
-from hpcddp.train import metrics
+from hpcddp.train import task_metrics
 from hpcddp.train.data import EvalShard
 from hpcddp.train.task import Task
 from tests.unit.test_batches import Plain
@@ -29,9 +29,9 @@ def evaluate_like_ranks(task, inputs, targets, world, batch_size):
         )
         totals: dict = {}
         for x, y in loader:
-            metrics.add(totals, metrics.score(task, x, (x, y), y))
-        per_rank.append(metrics.as_floats(totals))
-    return metrics.finish(metrics.merge(per_rank), task.kind)
+            task_metrics.add(totals, task_metrics.score(task, x, (x, y), y))
+        per_rank.append(task_metrics.as_floats(totals))
+    return task_metrics.finish(task_metrics.merge(per_rank), task.kind)
 
 
 def test_regression_reports_mse_and_mae_not_accuracy():
@@ -57,18 +57,19 @@ def test_uneven_shards_reduce_to_the_single_process_figures(world, batch_size):
 def test_an_average_of_averages_would_differ():
     """Why sums and counts: a rank with 1 sample must not weigh as much as one with 10."""
     per_rank = [{"loss": [10 * 1.0, 10]}, {"loss": [1 * 5.0, 1]}]
-    assert metrics.finish(metrics.merge(per_rank), "classification") == {"eval_loss": 15 / 11}
-    assert metrics.merge([{}, *per_rank]) == metrics.merge(per_rank)  # an empty shard adds nothing
+    merged = task_metrics.merge(per_rank)
+    assert task_metrics.finish(merged, "classification") == {"eval_loss": 15 / 11}
+    assert task_metrics.merge([{}, *per_rank]) == merged  # an empty shard adds nothing
 
 
 def test_language_modelling_weighs_tokens_and_reports_perplexity():
     task = Task.resolve(TaskConfig(kind="language_modeling"), Plain())
     logits = torch.zeros(2, 4, 8)  # uniform: loss ln 8 per token
     targets = torch.tensor([[1, 2, 3, -100], [4, -100, -100, -100]])
-    scores = metrics.score(task, logits, (logits, targets), targets)
+    scores = task_metrics.score(task, logits, (logits, targets), targets)
     assert float(scores["loss"][1]) == 4  # four real tokens, padding left out
-    totals = metrics.as_floats({k: list(v) for k, v in scores.items()})
-    result = metrics.finish(totals, "language_modeling")
+    totals = task_metrics.as_floats({k: list(v) for k, v in scores.items()})
+    result = task_metrics.finish(totals, "language_modeling")
     assert result["eval_loss"] == pytest.approx(math.log(8))
     assert result["eval_perplexity"] == pytest.approx(8)
     assert "eval_accuracy" not in result
@@ -81,14 +82,13 @@ def test_an_hf_causal_lm_loss_is_weighed_by_its_shifted_labels():
     output = transformers.modeling_outputs.CausalLMOutput(
         loss=torch.tensor(2.0), logits=torch.zeros(1, 4, 8)
     )
-    scores = metrics.score(task, output, {"input_ids": labels, "labels": labels}, labels)
+    scores = task_metrics.score(task, output, {"input_ids": labels, "labels": labels}, labels)
     assert float(scores["loss"][1]) == 2  # labels[..., 1:]: tokens 2 and 3
     assert float(scores["loss"][0]) == 4.0
 
 
 def test_a_self_scoring_output_without_targets_reports_its_loss():
     task = Task.resolve(TaskConfig(), Plain())
-    scores = metrics.score(task, {"loss": torch.tensor(0.25)}, {"x": 1}, None)
-    assert metrics.finish(metrics.as_floats({k: list(v) for k, v in scores.items()}), "x") == {
-        "eval_loss": 0.25
-    }
+    scores = task_metrics.score(task, {"loss": torch.tensor(0.25)}, {"x": 1}, None)
+    floats = task_metrics.as_floats({k: list(v) for k, v in scores.items()})
+    assert task_metrics.finish(floats, "x") == {"eval_loss": 0.25}

@@ -10,7 +10,7 @@ import pytest
 
 from hpcddp.cli import plot as plot_cli
 from hpcddp.errors import HpcddpError
-from hpcddp.storage import plot
+from hpcddp.storage import charts
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -51,7 +51,7 @@ def _one_line(err: pytest.ExceptionInfo) -> str:
 
 def test_writes_a_png_beside_the_metrics(tmp_path):
     _write_metrics(tmp_path)
-    out = plot.plot_run(tmp_path)
+    out = charts.plot_run(tmp_path)
     assert out == tmp_path / "metrics.png"
     data = out.read_bytes()
     assert data.startswith(PNG_MAGIC)
@@ -60,28 +60,28 @@ def test_writes_a_png_beside_the_metrics(tmp_path):
 
 def test_out_path_is_honoured_and_parents_created(tmp_path):
     _write_metrics(tmp_path)
-    out = plot.plot_run(tmp_path, tmp_path / "figs" / "run.png")
+    out = charts.plot_run(tmp_path, tmp_path / "figs" / "run.png")
     assert out == tmp_path / "figs" / "run.png"
     assert out.read_bytes().startswith(PNG_MAGIC)
 
 
 def test_train_lines_only_still_plot(tmp_path):
     _write_metrics(tmp_path, eval_every=10**9)
-    assert plot.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)
+    assert charts.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)
 
 
 def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
     _write_metrics(tmp_path)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
     with pytest.raises(HpcddpError) as err:
-        plot.plot_run(tmp_path)
+        charts.plot_run(tmp_path)
     assert "pip install 'hpcddp[plot]'" in _one_line(err)
     assert not (tmp_path / "metrics.png").exists()
 
 
 def test_missing_metrics_file_is_one_line_error(tmp_path):
     with pytest.raises(HpcddpError) as err:
-        plot.plot_run(tmp_path)
+        charts.plot_run(tmp_path)
     message = _one_line(err)
     assert "no metrics file" in message and "HINT:" in message
 
@@ -90,7 +90,7 @@ def test_missing_metrics_file_is_one_line_error(tmp_path):
 def test_empty_metrics_file_is_one_line_error(tmp_path, content):
     (tmp_path / "metrics.jsonl").write_text(content)
     with pytest.raises(HpcddpError) as err:
-        plot.plot_run(tmp_path)
+        charts.plot_run(tmp_path)
     assert "holds no training or eval metrics" in _one_line(err)
 
 
@@ -102,11 +102,11 @@ def test_damaged_lines_anywhere_are_skipped_and_counted(tmp_path, caplog):
     lines.insert(5, "[1, 2, 3]")  # JSON, but not a record
     lines.append('{"step": 210, "loss": 0.')  # the write a SIGKILL interrupted
     path.write_text("\n".join(lines) + "\n\x00\x00\n")
-    logger = logging.getLogger("hpcddp.storage.plot")
+    logger = logging.getLogger("hpcddp.storage.charts")
     logger.addHandler(caplog.handler)  # an in-process Trainer.fit may stop propagation
     try:
-        assert plot.read_metrics(path).skipped == 4
-        assert plot.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)
+        assert charts.read_metrics(path).skipped == 4
+        assert charts.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)
     finally:
         logger.removeHandler(caplog.handler)
     assert "skipped 4 damaged line(s)" in caplog.text
@@ -123,12 +123,12 @@ def test_resumes_and_the_per_rank_spread_are_read_for_drawing(tmp_path):
     ]  # fmt: skip
     with path.open("a") as f:
         f.writelines(json.dumps(record) + "\n" for record in extra)
-    metrics = plot.read_metrics(path)
+    metrics = charts.read_metrics(path)
     assert metrics.resumes == [60, 150]
-    assert plot._series(metrics.train, "work_s_max") == ([160], [0.4])
-    assert plot._eval_keys(metrics.evals) == ["eval_accuracy"]
-    assert "2 resume(s)" in plot._caption(metrics)
-    assert plot.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)
+    assert charts._series(metrics.train, "work_s_max") == ([160], [0.4])
+    assert charts._eval_keys(metrics.evals) == ["eval_accuracy"]
+    assert "2 resume(s)" in charts._caption(metrics)
+    assert charts.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)
 
 
 def test_subcommand_parses_runs_and_prints_the_path(tmp_path, capsys):

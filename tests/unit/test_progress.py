@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from hpcddp.progress import ProgressBar, bar
-from tests.helpers import QUICKSTART, REPO
+from tests.fixtures.helpers import QUICKSTART, REPO
 
 
 class Terminal(io.StringIO):

@@ -5,7 +5,7 @@ import sys
 
 SCRIPT = """
 import os, sys
-from hpcddp.dist.quiet import c10d_noise_filtered
+from hpcddp.comm.quiet import c10d_noise_filtered
 NOISE = b"The hostname of the client socket cannot be retrieved."
 os.write(2, b"before\\n")
 with c10d_noise_filtered():

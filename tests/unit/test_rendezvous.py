@@ -15,8 +15,8 @@ import time
 import pytest
 import torch.distributed as dist
 
-from hpcddp.dist import group, rendezvous
-from hpcddp.dist.rendezvous import Hello, Network
+from hpcddp.comm import group, rendezvous
+from hpcddp.comm.rendezvous import Hello, Network
 from hpcddp.errors import ConfigError, DistributedError, LaunchError
 from hpcddp.launch import netif
 from hpcddp.launch.distenv import DistEnv

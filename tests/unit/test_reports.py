@@ -2,8 +2,8 @@
 
 import pytest
 
-from hpcddp.launch import reports
-from hpcddp.launch.reports import Report
+from hpcddp.launch import error_reports
+from hpcddp.launch.error_reports import Report
 
 
 @pytest.mark.parametrize(
@@ -19,12 +19,12 @@ from hpcddp.launch.reports import Report
     ],
 )
 def test_who_prints(environ, own_place, prints):
-    assert reports.should_print(environ, own_place) is prints
+    assert error_reports.should_print(environ, own_place) is prints
 
 
 def test_one_cause_every_rank_reached_is_one_plain_line():
     found = [Report(r, "n1", 2, "data.batch_size must be > 0") for r in range(4)]
-    assert reports.summarize(found) == (["hpcddp: error: data.batch_size must be > 0"], 2)
+    assert error_reports.summarize(found) == (["hpcddp: error: data.batch_size must be > 0"], 2)
 
 
 def test_causes_come_before_ranks_that_only_lost_a_peer():
@@ -32,7 +32,7 @@ def test_causes_come_before_ranks_that_only_lost_a_peer():
         Report(0, "n1", 1, "rank 0 lost contact with another rank", secondary=True),
         Report(1, "n2", 2, "cannot import 'mymodel'"),
     ]
-    lines, code = reports.summarize(found)
+    lines, code = error_reports.summarize(found)
     assert lines == ["hpcddp: error: (rank 1) cannot import 'mymodel'"] and code == 2
 
 
@@ -43,16 +43,16 @@ def test_different_causes_are_each_said_once_with_their_ranks():
         Report(2, "n2", 2, "B"),
         Report(3, "n2", 2, "B"),
     ]
-    lines, code = reports.summarize(found)
+    lines, code = error_reports.summarize(found)
     assert lines == ["hpcddp: error: (ranks 0, 1) A", "hpcddp: error: (ranks 2, 3) B"]
     assert code == 2
 
 
 def test_nothing_reported_is_nothing_to_say():
-    assert reports.summarize([]) == ([], None)
+    assert error_reports.summarize([]) == ([], None)
 
 
 def test_reports_round_trip_and_damaged_ones_are_skipped(tmp_path):
-    reports.write(tmp_path / "rank-1.json", Report(1, "n1", 2, "x"))
+    error_reports.write(tmp_path / "rank-1.json", Report(1, "n1", 2, "x"))
     (tmp_path / "rank-0.json").write_text("{not json")
-    assert reports.read_all(sorted(tmp_path.glob("rank-*.json"))) == [Report(1, "n1", 2, "x")]
+    assert error_reports.read_all(sorted(tmp_path.glob("rank-*.json"))) == [Report(1, "n1", 2, "x")]

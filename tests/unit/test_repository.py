@@ -3,7 +3,7 @@
 import re
 import tomllib
 
-from tests.helpers import REPO
+from tests.fixtures.helpers import REPO
 
 
 def readme_commands() -> list[str]:

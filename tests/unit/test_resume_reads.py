@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
+from hpcddp.comm import waiting
 from hpcddp.config import TrainConfig
-from hpcddp.dist import waiting
 from hpcddp.launch.resolve import resolve_env
 from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.train.checkpointing import Checkpointer, Trained

@@ -10,9 +10,9 @@ import pytest
 from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
 from hpcddp.storage import provenance
-from hpcddp.storage.metrics import MetricsLog
+from hpcddp.storage.metrics_log import MetricsLog
 from hpcddp.storage.rundir import Attempt, config_differences, prepare
-from tests.helpers import QUICKSTART
+from tests.fixtures.helpers import QUICKSTART
 
 
 def test_metrics_log_skips_a_line_cut_short(tmp_path, caplog):
@@ -21,7 +21,7 @@ def test_metrics_log_skips_a_line_cut_short(tmp_path, caplog):
         '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n'
         '{"step": 5, "loss": 1.0}\n{"step": 6, "lo'
     )  # killed mid-write
-    with caplog.at_level(logging.WARNING, logger="hpcddp.storage.metrics"):
+    with caplog.at_level(logging.WARNING, logger="hpcddp.storage.metrics_log"):
         log = MetricsLog(path, resume_step=5)
     log.write(step=6, loss=0.9)
     log.close()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.fixtures.helpers import run_cli
 
 HOLD = """
 import pathlib, sys, time

@@ -14,7 +14,7 @@ from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
 from hpcddp.storage import rundir
 from hpcddp.storage.runlock import RunLock
-from tests.helpers import QUICKSTART
+from tests.fixtures.helpers import QUICKSTART
 
 HOLD = """
 import pathlib, sys, time

@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 
-from hpcddp.dist import agreement
-from hpcddp.dist.agreement import Fault
+from hpcddp.comm import agreement
+from hpcddp.comm.agreement import Fault
 from hpcddp.errors import (
     ConfigError,
     DownloadError,

@@ -5,7 +5,7 @@ import os
 import pytest
 
 import hpcddp
-from hpcddp.dist import staging
+from hpcddp.comm import staging
 from hpcddp.errors import DownloadError
 
 

@@ -19,7 +19,7 @@ from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
 from hpcddp.slurm import status as job_status
 from hpcddp.slurm import submission
-from tests.helpers import QUICK, REPO, run_cli
+from tests.fixtures.helpers import QUICK, REPO, run_cli
 
 
 @pytest.fixture(autouse=True)

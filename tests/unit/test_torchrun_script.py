@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hpcddp.launch.ports import derive_port
-from tests.helpers import REPO
+from tests.fixtures.helpers import REPO
 
 SCRIPT = REPO / "sbatch" / "train-torchrun.sh"
 STUB_SRUN = f"""#!{sys.executable}

@@ -14,7 +14,7 @@ import pytest
 
 from hpcddp.errors import ConfigError
 from hpcddp.storage import tracking
-from hpcddp.storage.metrics import MetricsLog
+from hpcddp.storage.metrics_log import MetricsLog
 from hpcddp.storage.tracking import Tracker
 
 pytest.importorskip("tensorboard")  # the [test] extra installs it; CI fails on any skip

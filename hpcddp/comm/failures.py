@@ -12,23 +12,28 @@ import re
 
 import torch.distributed as dist
 
-from hpcddp.launch.distenv import DistEnv
 from hpcddp.errors import DistributedError, PeerLostError
+from hpcddp.launch.distenv import DistEnv
 
 log = logging.getLogger(__name__)
 
-_PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Connection refused|"
-                        r"NCCL communicator was aborted|remote process exited", re.I)
-_TIMED_OUT = re.compile(r"Timed out waiting|timed out|Watchdog caught collective operation "
-                        r"timeout", re.I)
+_PEER_LOST = re.compile(
+    r"Connection (reset|closed) by peer|Broken pipe|Connection refused|"
+    r"NCCL communicator was aborted|remote process exited",
+    re.I,
+)
+_TIMED_OUT = re.compile(
+    r"Timed out waiting|timed out|Watchdog caught collective operation "
+    r"timeout",
+    re.I,
+)
 _PEER_ADDRESS = re.compile(r"\[([0-9a-fA-F.:]+)\]:(\d+)")
 
 
 def missing_ranks(timeout_s: float = 10.0) -> str:
     """Best effort after a timeout: gloo's monitored barrier names ranks that do not arrive."""
     try:
-        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s),
-                               wait_all_ranks=True)
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
     except Exception as err:  # the message is the point: "Ranks 3 failed to pass ..."
         match = re.search(r"Ranks? [\d, ]+ failed to pass monitoredBarrier", str(err))
         return match.group(0) if match else ""
@@ -51,12 +56,14 @@ def explain(err: BaseException, env: DistEnv, timeout_s: float) -> BaseException
         return PeerLostError(
             f"rank {env.rank} on {env.hostname} lost contact with another rank{where}: it died "
             "or was killed, and its own output or the launcher's names it. HINT: look for the "
-            "first error in the job's output, or the last lines of RUN_DIR/logs/rank-*.log.")
+            "first error in the job's output, or the last lines of RUN_DIR/logs/rank-*.log."
+        )
     if _TIMED_OUT.search(text):
         absent = missing_ranks() if env.backend == "gloo" else ""
         return DistributedError(
             f"rank {env.rank} on {env.hostname} waited dist.timeout_s={timeout_s:.0f} s in a "
             f"collective that other ranks never reached{': ' + absent if absent else ''}. A rank "
             "is hung or stopped; every rank's stack is in RUN_DIR/logs/rank-*.log. HINT: raise "
-            "dist.timeout_s only if some step legitimately takes that long.")
+            "dist.timeout_s only if some step legitimately takes that long."
+        )
     return err

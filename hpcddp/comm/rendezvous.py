@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import torch.distributed as dist
 
 from hpcddp import errors
-from hpcddp.dist.quiet import c10d_noise_filtered
+from hpcddp.comm.quiet import c10d_noise_filtered
 from hpcddp.errors import DistributedError, HpcddpError
 from hpcddp.launch import netif
 from hpcddp.launch.distenv import DistEnv
@@ -372,7 +372,8 @@ def as_text(everyone: Mapping[int, tuple[str, Network]]) -> str:
     for rank, (host, network) in sorted(everyone.items()):
         by_host[(host, network.interface, network.address)].append(rank)
     return "; ".join(
-        f"{host}: {name} {address} ({_span(ranks)})" for (host, name, address), ranks in by_host.items()
+        f"{host}: {name} {address} ({_span(ranks)})"
+        for (host, name, address), ranks in by_host.items()
     )
 
 

@@ -3,7 +3,7 @@
 Reading a dataset from a shared file system with every rank of every node, every epoch, is a
 classic bottleneck; copying it to ``$TMPDIR`` (often a node-local SSD or RAM disk) once per node
 is the usual cure. Here local rank 0 of each node copies, under the same guard as downloads
-(`hpcddp.dist.download.main_process_first`): the others wait for it, and a failed copy is the
+(`hpcddp.comm.download.main_process_first`): the others wait for it, and a failed copy is the
 same error on every rank at once. The copy goes to a temporary name and is renamed into place,
 with a small manifest beside it; a later attempt on the same node finds it and copies nothing,
 unless the source changed.
@@ -16,7 +16,7 @@ import pathlib
 import shutil
 import time
 
-from hpcddp.dist.download import main_process_first
+from hpcddp.comm.download import main_process_first
 from hpcddp.errors import DownloadError
 
 log = logging.getLogger(__name__)

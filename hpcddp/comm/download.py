@@ -59,8 +59,13 @@ _GROUPS: dict[float, tuple["weakref.ref[Any]", "weakref.ref[dist.ProcessGroup]"]
 
 
 @contextlib.contextmanager
-def main_process_first(local: bool = False, timeout_s: float = 1800.0, description: str = "work",
-                       *, env: "DistEnv | None" = None) -> Iterator[None]:
+def main_process_first(
+    local: bool = False,
+    timeout_s: float = 1800.0,
+    description: str = "work",
+    *,
+    env: "DistEnv | None" = None,
+) -> Iterator[None]:
     """Run the body on one process first (rank 0, or local rank 0 of each node if ``local``),
     then on the others; if it raises there, every rank raises the same `DownloadError` at once.
 
@@ -85,8 +90,9 @@ class _Outcome:
 
 
 @contextlib.contextmanager
-def _first(local: bool, timeout_s: float, description: str,
-           env: "DistEnv | None") -> Iterator[bool]:
+def _first(
+    local: bool, timeout_s: float, description: str, env: "DistEnv | None"
+) -> Iterator[bool]:
     """Yield True on the process that goes first (or the only one), False on those that wait."""
     if not _distributed():
         yield True
@@ -133,25 +139,40 @@ def _status_group(timeout_s: float, description: str) -> dist.ProcessGroup:
     return group
 
 
-def _seat(env: "DistEnv | None", local: bool, description: str,
-          environ: Mapping[str, str]) -> _Outcome:
+def _seat(
+    env: "DistEnv | None", local: bool, description: str, environ: Mapping[str, str]
+) -> _Outcome:
     """Where this rank sits: from ``env`` if given, else from torch and the launcher's variables."""
     rank = dist.get_rank()
     if env is not None:
-        problem = None if env.rank == rank else (
-            f"rank {rank} was passed a DistEnv for rank {env.rank}")
-        return _Outcome(rank, env.hostname, str(env.node_rank),
-                        problem is None and (env.local_rank == 0 if local else rank == 0),
-                        description, problem=problem)
+        problem = (
+            None if env.rank == rank else (f"rank {rank} was passed a DistEnv for rank {env.rank}")
+        )
+        return _Outcome(
+            rank,
+            env.hostname,
+            str(env.node_rank),
+            problem is None and (env.local_rank == 0 if local else rank == 0),
+            description,
+            problem=problem,
+        )
     host = socket.gethostname()
     node = environ.get("GROUP_RANK") or host  # node-local storage is per host by definition
     if not local:
         return _Outcome(rank, host, node, rank == 0, description)
     local_rank = environ.get("LOCAL_RANK", "")
     if not local_rank.isdigit():
-        return _Outcome(rank, host, node, False, description, problem=(
-            f"rank {rank} ({host}) has LOCAL_RANK={local_rank!r}, so it cannot tell whether "
-            "it fetches for its node"))
+        return _Outcome(
+            rank,
+            host,
+            node,
+            False,
+            description,
+            problem=(
+                f"rank {rank} ({host}) has LOCAL_RANK={local_rank!r}, so it cannot tell whether "
+                "it fetches for its node"
+            ),
+        )
     return _Outcome(rank, host, node, int(local_rank) == 0, description)
 
 
@@ -178,8 +199,10 @@ def _verdict(outcomes: list[_Outcome], local: bool) -> str | None:
     problems = [o for o in outcomes if o.problem]
     if problems:
         first = problems[0]
-        return (f"{first.description}: {first.problem}. HINT: launch with torchrun or `hpcddp "
-                "train`, which export LOCAL_RANK, or pass env=resolve_env(os.environ).")
+        return (
+            f"{first.description}: {first.problem}. HINT: launch with torchrun or `hpcddp "
+            "train`, which export LOCAL_RANK, or pass env=resolve_env(os.environ)."
+        )
     layout = _layout_problem(outcomes) if local else None
     if layout:
         return f"{outcomes[0].description}: {layout}"
@@ -187,8 +210,11 @@ def _verdict(outcomes: list[_Outcome], local: bool) -> str | None:
     if not failed:
         return None
     first = failed[0]
-    more = f" (fetching ranks {', '.join(str(o.rank) for o in failed[1:])} failed too)" \
-        if len(failed) > 1 else ""
+    more = (
+        f" (fetching ranks {', '.join(str(o.rank) for o in failed[1:])} failed too)"
+        if len(failed) > 1
+        else ""
+    )
     return f"{first.description} failed on rank {first.rank} ({first.host}){more}: {first.error}"
 
 
@@ -203,8 +229,10 @@ def _layout_problem(outcomes: list[_Outcome]) -> str | None:
     if not wrong:
         return None
     seen = "; ".join(f"node {node}: ranks {ranks}" for node, ranks in sorted(wrong.items()))
-    return (f"every node needs exactly one rank with local rank 0, but saw {seen}. HINT: "
-            "LOCAL_RANK and GROUP_RANK (or the DistEnv passed) disagree with the real layout.")
+    return (
+        f"every node needs exactly one rank with local rank 0, but saw {seen}. HINT: "
+        "LOCAL_RANK and GROUP_RANK (or the DistEnv passed) disagree with the real layout."
+    )
 
 
 def _describe(error: BaseException) -> str:
@@ -217,9 +245,16 @@ def _describe(error: BaseException) -> str:
 # --- the download -----------------------------------------------------------------------------
 
 
-def download(url: str, dest: str | os.PathLike, sha256: str | None = None, *, local: bool = False,
-             timeout_s: float = 1800.0, progress: bool = True,
-             env: "DistEnv | None" = None) -> pathlib.Path:
+def download(
+    url: str,
+    dest: str | os.PathLike,
+    sha256: str | None = None,
+    *,
+    local: bool = False,
+    timeout_s: float = 1800.0,
+    progress: bool = True,
+    env: "DistEnv | None" = None,
+) -> pathlib.Path:
     """Fetch an http(s):// or file:// URL to ``dest`` once (per job, or per node if ``local``).
 
     An existing ``dest`` whose checksum matches (or any ``dest`` when ``sha256`` is None) is kept
@@ -244,8 +279,10 @@ def _expected_digest(sha256: str | None) -> str | None:
         return None
     digest = sha256.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
-        raise DownloadError(f"sha256={sha256!r} is not a SHA-256 hex digest (64 hex digits). "
-                            "HINT: compute it with `sha256sum FILE`.")
+        raise DownloadError(
+            f"sha256={sha256!r} is not a SHA-256 hex digest (64 hex digits). "
+            "HINT: compute it with `sha256sum FILE`."
+        )
     return digest
 
 
@@ -253,8 +290,10 @@ def _check_scheme(url: str) -> None:
     """Only URLs we know how to stream, checked before any rank starts waiting."""
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in SCHEMES:
-        raise DownloadError(f"cannot download {url!r}: scheme {scheme!r} is not one of "
-                            f"{', '.join(SCHEMES)}. HINT: write local paths as file:///abs/path.")
+        raise DownloadError(
+            f"cannot download {url!r}: scheme {scheme!r} is not one of "
+            f"{', '.join(SCHEMES)}. HINT: write local paths as file:///abs/path."
+        )
 
 
 def _ensure(url: str, dest: pathlib.Path, expected: str | None, progress: bool) -> None:
@@ -276,11 +315,14 @@ def _ensure(url: str, dest: pathlib.Path, expected: str | None, progress: bool) 
             raise DownloadError(
                 f"checksum mismatch for {url}: expected sha256 {expected}, got {actual}; "
                 f"{dest} was not created. HINT: the file on the server changed or the expected "
-                "digest is wrong; check it with `sha256sum` and update sha256.")
+                "digest is wrong; check it with `sha256sum` and update sha256."
+            )
         os.replace(tmp, dest)
     except OSError as err:
-        raise DownloadError(f"could not write {dest}: {err}. HINT: check free space and write "
-                            f"permission in {dest.parent}.") from err
+        raise DownloadError(
+            f"could not write {dest}: {err}. HINT: check free space and write "
+            f"permission in {dest.parent}."
+        ) from err
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -289,13 +331,16 @@ def _open_temp(dest: pathlib.Path) -> pathlib.Path:
     """A fresh temporary file beside ``dest`` (same file system, so the rename is atomic)."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{socket.gethostname()}.{os.getpid()}."
-                             f"{secrets.token_hex(4)}.part")
+        tmp = dest.with_name(
+            f".{dest.name}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}.part"
+        )
         # os.open with 0o666 honours the umask, unlike tempfile's private 0o600.
         os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
     except OSError as err:
-        raise DownloadError(f"could not create a file in {dest.parent}: {err}. HINT: check that "
-                            "the directory is writable.") from err
+        raise DownloadError(
+            f"could not create a file in {dest.parent}: {err}. HINT: check that "
+            "the directory is writable."
+        ) from err
     return tmp
 
 
@@ -313,16 +358,20 @@ def _fetch(url: str, out: IO[bytes], name: str, progress: bool) -> str:
                 bar.update(len(chunk))
             bar.close()
     except urllib.error.HTTPError as err:
-        raise DownloadError(f"could not fetch {url}: HTTP {err.code} {err.reason}. "
-                            f"{_FETCH_HINT}") from err
+        raise DownloadError(
+            f"could not fetch {url}: HTTP {err.code} {err.reason}. {_FETCH_HINT}"
+        ) from err
     except urllib.error.URLError as err:
         raise DownloadError(f"could not fetch {url}: {err.reason}. {_FETCH_HINT}") from err
     except (http.client.HTTPException, TimeoutError, ConnectionError, ssl.SSLError) as err:
-        raise DownloadError(f"could not fetch {url}: {type(err).__name__}: {err}. "
-                            f"{_FETCH_HINT}") from err
+        raise DownloadError(
+            f"could not fetch {url}: {type(err).__name__}: {err}. {_FETCH_HINT}"
+        ) from err
     if total is not None and bar.done != total:
-        raise DownloadError(f"could not fetch {url}: the connection closed after {bar.done} of "
-                            f"{total} bytes. {_FETCH_HINT}")
+        raise DownloadError(
+            f"could not fetch {url}: the connection closed after {bar.done} of "
+            f"{total} bytes. {_FETCH_HINT}"
+        )
     return digest.hexdigest()
 
 
@@ -344,7 +393,8 @@ def _await_visible(dest: pathlib.Path, local: bool) -> None:
             raise DownloadError(
                 f"{dest} is missing on rank {dist.get_rank()} ({socket.gethostname()}) although "
                 f"{where} downloaded it. HINT: {dest.parent} is not shared with that rank; pass "
-                "local=True for node-local storage, or choose a shared directory.")
+                "local=True for node-local storage, or choose a shared directory."
+            )
         os.listdir(dest.parent)  # listing a directory makes NFS revalidate its cached entries
         time.sleep(0.2)
 
@@ -356,8 +406,9 @@ class _Progress:
     """Download progress: a `ProgressBar` (drawn only on a terminal; a batch log would fill with
     redraws), elsewhere one log line when done. Only the fetching rank ever makes one."""
 
-    def __init__(self, name: str, total: int | None, enabled: bool = True,
-                 stream: IO[str] | None = None) -> None:
+    def __init__(
+        self, name: str, total: int | None, enabled: bool = True, stream: IO[str] | None = None
+    ) -> None:
         self.name, self.total, self.done = name, total, 0
         self.bar = ProgressBar(enabled, stream)
         self.started = time.monotonic()
@@ -375,8 +426,13 @@ class _Progress:
             self.bar.close()
             return
         elapsed = time.monotonic() - self.started
-        log.info("downloaded %s: %.1f MB in %.1f s (%.1f MB/s)", self.name, self.done / 1e6,
-                 elapsed, self.done / 1e6 / max(elapsed, 1e-9))
+        log.info(
+            "downloaded %s: %.1f MB in %.1f s (%.1f MB/s)",
+            self.name,
+            self.done / 1e6,
+            elapsed,
+            self.done / 1e6 / max(elapsed, 1e-9),
+        )
 
     def _line(self) -> str:
         return bar_line(self.name, self.done, self.total, time.monotonic() - self.started)

@@ -1,7 +1,7 @@
 """The process group's whole life in one place: meet, export, bind, init with a timeout, destroy.
 
 ``os.environ`` is written here and nowhere else, so what torch reads is exactly what
-`resolve_env` and the rendezvous (`hpcddp.dist.rendezvous`) decided. The group is always
+`resolve_env` and the rendezvous (`hpcddp.comm.rendezvous`) decided. The group is always
 destroyed, so a finished or failed run never leaves a rank blocked on a peer that already left.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Iterator, Mapping
 import torch
 import torch.distributed as dist
 
-from hpcddp.dist import rendezvous
-from hpcddp.dist.rendezvous import Meeting, Network
+from hpcddp.comm import rendezvous
+from hpcddp.comm.rendezvous import Meeting, Network
 from hpcddp.errors import DistributedError, HpcddpError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.netif import IFNAME_VARS
@@ -42,7 +42,10 @@ def network_env(network: Network, environ: Mapping[str, str]) -> dict[str, str]:
     A variable the user set is left alone, unless the config (``dist.socket_ifname``) chose;
     NCCL reads its value as a prefix, so ``=`` asks it for exactly this name.
     """
-    wanted = {"GLOO_SOCKET_IFNAME": network.interface, "NCCL_SOCKET_IFNAME": f"={network.interface}"}
+    wanted = {
+        "GLOO_SOCKET_IFNAME": network.interface,
+        "NCCL_SOCKET_IFNAME": f"={network.interface}",
+    }
     forced = network.chosen_by == "dist.socket_ifname"
     return {name: value for name, value in wanted.items() if forced or not environ.get(name)}
 

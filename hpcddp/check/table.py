@@ -1,13 +1,13 @@
 """`hpcddp check`'s output: one table, a row per rank, the measurements, one line per problem.
 
-Pure text from the report `hpcddp.dist.preflight` gathers and the problems
-`hpcddp.dist.checkup` finds, so what the user reads is tested on plain data.
+Pure text from the report `hpcddp.check.preflight` gathers and the problems
+`hpcddp.check.checkup` finds, so what the user reads is tested on plain data.
 """
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpcddp.dist.checkup import Problem, by_host
+from hpcddp.check.checkup import Problem, by_host
 
 COLUMNS = (
     "rank",
@@ -46,7 +46,9 @@ def table(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
     """The per-rank table, columns padded to their widest cell."""
     rows = [list(COLUMNS)] + [_row(f) for f in sorted(ranks, key=lambda f: f["rank"])]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
 
 
 def _size(nbytes: float) -> str:
@@ -62,7 +64,8 @@ def measurements(report: Mapping[str, Any]) -> list[str]:
     link = f"{ar['link_gbps']:.3g} Gb/s" if ar.get("link_gbps") else "unknown"
     share = f", {100 * ar['bus_gbps'] / ar['link_gbps']:.2g}%" if ar.get("link_gbps") else ""
     lines = [
-        f"all-reduce ({report['backend']}, {len(report['ranks'])} ranks): {_size(ar['small_bytes'])} "
+        f"all-reduce ({report['backend']}, {len(report['ranks'])} ranks): "
+        f"{_size(ar['small_bytes'])} "
         f"in {ar['small_ms']:.3g} ms; {_size(ar['bytes'])} in {ar['ms']:.3g} ms = "
         f"{ar['bus_gbps']:.3g} Gb/s bus bandwidth (link reports {link}{share})"
     ]

@@ -15,7 +15,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hpcddp import errors
-from hpcddp.dist import collectives, failures
+from hpcddp.comm import collectives, failures
 from hpcddp.errors import DistributedError, HpcddpError, UserCodeError
 from hpcddp.launch.distenv import DistEnv
 

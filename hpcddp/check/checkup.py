@@ -1,6 +1,6 @@
 """`hpcddp check`'s judgement: every rank's facts and the measurements in, problems and a table out.
 
-Pure logic on plain data (the rank side, `hpcddp.dist.preflight`, gathers it), so every rule is
+Pure logic on plain data (the rank side, `hpcddp.check.preflight`, gathers it), so every rule is
 unit-tested on dictionaries. A problem is an ``error`` when the job would not train (exit
 status 1) and a ``warning`` when it would, badly or fragilely; each says what was seen and
 ends with the fix.
@@ -9,7 +9,6 @@ ends with the fix.
 import collections
 import dataclasses
 import ipaddress
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,7 +32,7 @@ class Problem:
         return f"{self.severity}: {self.text}"
 
 
-Facts = Mapping[str, Any]  # one rank's facts (see `hpcddp.dist.preflight.rank_facts`)
+Facts = Mapping[str, Any]  # one rank's facts (see `hpcddp.check.preflight.rank_facts`)
 
 
 def by_host(ranks: Sequence[Facts]) -> dict[str, list[Facts]]:
@@ -291,7 +290,8 @@ def pair_problems(pairs: Sequence[Mapping[str, Any]]) -> list[Problem]:
     receivers = {p["dst"] for p in slow}
     node = next(iter(senders)) if len(senders) == 1 else next(iter(receivers), "")
     side = "outgoing" if len(senders) == 1 else "incoming"
-    other = f" (or {next(iter(receivers))}'s incoming)" if len(senders) == len(receivers) == 1 else ""
+    one_pair = len(senders) == len(receivers) == 1
+    other = f" (or {next(iter(receivers))}'s incoming)" if one_pair else ""
     shown = ", ".join(f"{p['src']} -> {p['dst']} {p['gbps']:.3g} Gb/s" for p in slow)
     problems.append(
         Problem(
@@ -306,9 +306,7 @@ def pair_problems(pairs: Sequence[Mapping[str, Any]]) -> list[Problem]:
 
 def compute_problems(ranks: Sequence[Facts]) -> list[Problem]:
     """A node whose ranks compute several times slower than the fastest node's."""
-    times = {
-        h: min(f["compute_ms"] for f in facts) for h, facts in by_host(ranks).items()
-    }
+    times = {h: min(f["compute_ms"] for f in facts) for h, facts in by_host(ranks).items()}
     if len(times) < 2:
         return []
     fastest = min(times.values())

@@ -5,7 +5,7 @@ Every rank resolves its place and meets the others through the same rendezvous a
 host, CPUs, GPUs, interface, versions, free memory and disk, and what the master's and its own
 name resolve to. Rank 0 then times an all-reduce, a transfer in each direction between every
 pair of nodes (one pair at a time), and the same computation on every rank, and judges the
-lot (`hpcddp.dist.checkup`).
+lot (`hpcddp.check.checkup`).
 """
 
 import contextlib
@@ -26,9 +26,10 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from hpcddp.check import checkup
+from hpcddp.comm import collectives
+from hpcddp.comm.group import Joined, joined
 from hpcddp.config import Config
-from hpcddp.dist import checkup, collectives
-from hpcddp.dist.group import Joined, joined
 from hpcddp.errors import HpcddpError
 from hpcddp.launch import netif
 from hpcddp.launch.distenv import DistEnv
@@ -282,9 +283,7 @@ def check(config: Config, size_mb: float = 16.0, env: DistEnv | None = None) -> 
         env = dataclasses.replace(env, backend=config.dist.backend)
     # the check's own collectives wait at most this long for a node that cannot keep up
     timeout_s = min(config.dist.timeout_s, 120.0)
-    with joined(
-        env, timeout_s, socket_ifname=config.dist.socket_ifname, refusal=refusal
-    ) as done:
+    with joined(env, timeout_s, socket_ifname=config.dist.socket_ifname, refusal=refusal) as done:
         torch.manual_seed(env.rank)
         report = _report(env, done, config, size_mb)
         found = checkup.problems(report) if report is not None else []

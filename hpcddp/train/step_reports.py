@@ -15,7 +15,7 @@ import torch
 from hpcddp.config import Config
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.storage import provenance
-from hpcddp.storage.metrics import MetricsLog
+from hpcddp.storage.metrics_log import MetricsLog
 from hpcddp.storage.tracking import Tracker
 from hpcddp.train import flops, telemetry
 
