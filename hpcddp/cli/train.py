@@ -6,7 +6,6 @@ the Slurm subcommands stay light.
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import pathlib
@@ -20,6 +19,7 @@ from hpcddp.cli.args import split_config_and_overrides
 from hpcddp.config import load_config, reference
 from hpcddp.config.loading import read_text
 from hpcddp.errors import ConfigError
+from hpcddp.outcome import RunOutcome, StopReason
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -62,15 +62,15 @@ def _readable_by_children(path: str | None) -> Iterator[str | None]:
         yield str(copy)
 
 
-def exit_code(result: dict[str, Any]) -> int:
+def exit_code(outcome: RunOutcome) -> int:
     """0 when finished, stopped on request or requeued; distinct codes for the other stops."""
-    if result.get("reason") == "interrupted":
+    if outcome.stop == StopReason.INTERRUPTED:
         return exit_codes.INTERRUPTED
-    if result.get("reason") == "terminated":
+    if outcome.stop == StopReason.TERMINATED:
         return exit_codes.TERMINATED
-    if result.get("reason") == "preempted" and not result.get("requeued"):
+    if outcome.stop == StopReason.PREEMPTED and not outcome.requeued:
         print(
-            f"hpcddp: stopped at step {result['step']} with a checkpoint but the job was not "
+            f"hpcddp: stopped at step {outcome.step} with a checkpoint but the job was not "
             "requeued. HINT: re-run the same command to resume.",
             file=sys.stderr,
         )
@@ -82,7 +82,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     """Print how this process resolves its place in the job (under srun: every task its own)."""
     from hpcddp.launch.resolve import resolve_env
 
-    env = dataclasses.asdict(resolve_env())
+    env = resolve_env().facts()
     if args.json:
         print(json.dumps(env, sort_keys=True), flush=True)
     else:

@@ -2,9 +2,13 @@
 
 A frozen value, built once by `hpcddp.launch.resolve.resolve_env` and passed down (never read
 back from globals), so the process group, the trainer and the logs all see the same facts.
+The environment it was resolved from travels with it (`DistEnv.environ`): the few rank-side
+readers that need more than the place (the job's end time, the requeue, the attempt's restart
+count) read that mapping, never ``os.environ``.
 """
 
 import dataclasses
+from collections.abc import Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +29,22 @@ class DistEnv:
     hostname: str = ""
     device: str = "cpu"
     backend: str = "gloo"
+    # the environment this place was resolved from (empty when built by hand: no Slurm job)
+    environ: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def slurm_job(self) -> str:
+        """The Slurm job id that a requeue keeps ("" outside Slurm)."""
+        return self.environ.get("SLURM_JOB_ID", "")
+
+    @property
+    def restart_count(self) -> int:
+        """How often Slurm has requeued this job (SLURM_RESTART_COUNT; 0 outside Slurm)."""
+        return int(self.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+    def facts(self) -> dict[str, object]:
+        """The resolved place as plain values (``hpcddp env``), the environment left out."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
 
     @property
     def is_main(self) -> bool:

@@ -181,7 +181,9 @@ def place(
     """
     environ = os.environ if environ is None else environ
     placement = _place(environ, ancestors)
-    placement = dataclasses.replace(placement, hostname=hostname or socket.gethostname())
+    placement = dataclasses.replace(
+        placement, hostname=hostname or socket.gethostname(), environ=dict(environ)
+    )
     try:
         device, backend = _device_and_backend(environ, placement, cuda_devices)
     except LaunchError as refusal:

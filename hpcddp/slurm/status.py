@@ -14,6 +14,7 @@ import pickle
 from typing import Any
 
 from hpcddp.errors import ConfigError
+from hpcddp.outcome import RunOutcome
 from hpcddp.slurm.index import JobRecord, find_records, jobs_dir
 from hpcddp.slurm.queue import LEFT_QUEUE, Runner, SlurmUnreachable, scontrol_record
 
@@ -25,7 +26,7 @@ def file_outcome(record: JobRecord) -> str | None:
     result = _read_result(record.result_pickle())
     if result is not None and result[0] == "error":
         return "FAILED"
-    if result is not None and isinstance(result[1], dict) and result[1].get("stopped"):
+    if result is not None and isinstance(result[1], RunOutcome) and not result[1].finished:
         return "STOPPED"
     summary = pathlib.Path(record.run_dir) / "summary.json"
     if summary.exists() and summary.stat().st_mtime >= record.submitted_at - 1:

@@ -33,6 +33,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 from hpcddp.config import Config, SlurmConfig, apply_overrides, from_dict, load_config
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, LaunchError
+from hpcddp.outcome import RunOutcome
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
 from hpcddp.slurm.container import pyxis_args, wrapper_args
@@ -69,21 +70,21 @@ class _SqueueWatcher(SlurmInfoWatcher):
         return state != "UNKNOWN" and state.split()[0] not in slurm_queue.ACTIVE_STATES
 
 
-class SlurmRun(SlurmJob[dict[str, Any]]):
+class SlurmRun(SlurmJob[RunOutcome]):
     """A submitted Slurm job (or array task) of hpcddp ranks."""
 
     watcher = _SqueueWatcher(delay_s=30)
 
-    def result(self) -> dict[str, Any]:
-        """Waits for every task; task 0's summary (the ranks agree); raises if any task failed."""
+    def result(self) -> RunOutcome:
+        """Waits for every task; task 0's outcome (the ranks agree); raises if any task failed."""
         return self.results()[0]
 
 
-class LocalRun(LocalJob[dict[str, Any]]):
+class LocalRun(LocalJob[RunOutcome]):
     """A job of hpcddp ranks run by submitit's local executor on this machine."""
 
-    def result(self) -> dict[str, Any]:
-        """Waits for every task; task 0's summary (the ranks agree); raises if any task failed."""
+    def result(self) -> RunOutcome:
+        """Waits for every task; task 0's outcome (the ranks agree); raises if any task failed."""
         return self.results()[0]
 
 

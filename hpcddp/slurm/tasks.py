@@ -9,6 +9,7 @@ from typing import Any
 from submitit.core.utils import DelayedSubmission
 
 from hpcddp.config import Config
+from hpcddp.outcome import RunOutcome
 
 
 class TrainTask:
@@ -17,12 +18,13 @@ class TrainTask:
     def __init__(self, config: Config) -> None:
         self.config = config
 
-    def __call__(self) -> dict[str, Any]:
-        """Train (or resume) on this task's rank; the run's summary, or why it stopped."""
+    def __call__(self) -> RunOutcome:
+        """Train (or resume) on this task's rank; how the run ended (its summary, or why it
+        stopped)."""
         from hpcddp.train.trainer import Trainer  # torch is imported in the job, not at submission
 
         result = Trainer(config=self.config).fit()
-        if result.get("stopped") and result.get("requeued"):
+        if result.requeued:
             # Slurm restarts the job and its rerun resumes from the checkpoint. Leaving without
             # a result (submitit writes none on SystemExit) keeps job.result() waiting for it.
             raise SystemExit(0)

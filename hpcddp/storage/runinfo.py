@@ -92,7 +92,7 @@ def run_lines(run_dir: pathlib.Path) -> list[str]:
 def _finished(summary: dict[str, Any]) -> str:
     """ "yes", or why the run ended without finishing (a non-finite loss, say)."""
     if summary.get("status") == "failed":
-        return f"no: failed at step {summary.get('step')} ({summary.get('reason', '?')})"
+        return f"no: failed at step {summary.get('steps')} ({summary.get('reason', '?')})"
     return "yes"
 
 

@@ -54,9 +54,23 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def make_scaler(precision: str) -> "torch.amp.GradScaler | None":
-    """fp16 needs loss scaling (CUDA only; bf16 keeps fp32's range and needs none)."""
-    return torch.amp.GradScaler("cuda") if precision == "fp16" else None
+def make_scaler(precision: str, device: torch.device) -> "torch.amp.GradScaler | None":
+    """fp16 needs loss scaling (bf16 keeps fp32's range and needs none).
+
+    On the rank's own device type: ``GradScaler("cuda")`` on a CPU rank disables itself with a
+    warning, so CPU fp16 would run without the scaling (and the overflows) a GPU run has.
+    """
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+def found_inf(scaler: "torch.amp.GradScaler", optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """After ``unscale_``: 1 when the scaler found inf/NaN gradients (it will skip the step).
+
+    GradScaler keeps this per device in its optimizer state and has no public reader; the
+    value is on the device, so reading it is left to the guard (one step late on CUDA).
+    """
+    per_device = scaler._found_inf_per_device(optimizer)
+    return torch.stack([f.reshape(()).float() for f in per_device.values()]).sum()
 
 
 def sync_buffers(model: torch.nn.Module) -> None:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hpcddp.comm.collectives import gloo_side_group
+from hpcddp.outcome import StopReason
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +140,10 @@ class StopVote:
         """Is a vote held after ``step``?"""
         return step >= self.next_step and not self.pending
 
-    def cast(self, reason: int, step: int) -> None:
-        """Start the vote after ``step`` (0 = carry on) without waiting for it."""
+    def cast(self, reason: StopReason | None, step: int) -> None:
+        """Start the vote after ``step`` (None = carry on) without waiting for it."""
         now = time.perf_counter()
-        self._flag[0] = reason
+        self._flag[0] = int(reason or 0)
         self._flag[1] = (now - self._since) / max(step - self._cast_at, 1)
         self._cast_at, self._since, self.pending = step, now, True
         if self._distributed:
@@ -150,10 +151,10 @@ class StopVote:
                 self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True
             )
 
-    def result(self) -> int:
-        """The highest reason any rank voted at the last `cast` (waits for it); 0 if none."""
+    def result(self) -> StopReason | None:
+        """The highest reason any rank voted at the last `cast` (waits for it); None if none."""
         if not self.pending:
-            return CARRY_ON
+            return None
         if self._work is not None:
             self._work.wait()
             self._work = None
@@ -162,29 +163,19 @@ class StopVote:
         interval = round(self._every_s / max(per_step_s, 1e-9))
         interval = 1 if self._soon else min(max(interval, 1), MAX_VOTE_INTERVAL_STEPS)
         self.next_step, self._soon = self._cast_at + interval, False
-        return reason
+        return StopReason(reason) if reason else None
 
 
-# Vote values, highest wins. Only a preemption (USR2, the time limit) requeues; SIGTERM is
-# also what `scancel` sends, and a cancelled job must stay cancelled, so it outranks all.
-CARRY_ON, STOP_REQUESTED, STOP_INTERRUPTED, STOP_PREEMPTED, STOP_TERMINATED = 0, 1, 2, 3, 4
-# Never voted: every rank finds a non-finite step by itself, at the same step (train/guard.py).
-STOP_NONFINITE = 5
-REASON_NAMES = {
-    STOP_NONFINITE: "nonfinite",
-    STOP_REQUESTED: "requested",
-    STOP_INTERRUPTED: "interrupted",
-    STOP_TERMINATED: "terminated",
-    STOP_PREEMPTED: "preempted",
-}
+def reason_of(flag: StopFlag, deadline: float | None) -> StopReason | None:
+    """This rank's vote from its signals and the job's time limit (None: carry on).
 
-
-def reason_of(flag: StopFlag, deadline: float | None) -> int:
-    """This rank's vote from its signals and the job's time limit."""
+    Only a preemption (USR2, the time limit) requeues; SIGTERM is also what `scancel` sends,
+    and a cancelled job must stay cancelled, so it outranks the others (`StopReason`).
+    """
     if signal.SIGTERM in flag.seen:
-        return STOP_TERMINATED
+        return StopReason.TERMINATED
     if signal.SIGUSR2 in flag.seen or (deadline is not None and time.time() >= deadline):
-        return STOP_PREEMPTED
+        return StopReason.PREEMPTED
     if signal.SIGINT in flag.seen:
-        return STOP_INTERRUPTED
-    return CARRY_ON
+        return StopReason.INTERRUPTED
+    return None

@@ -19,6 +19,7 @@ class Progress:
     batch: int = 0  # micro-batches of this epoch already consumed
     last_loss: float = float("nan")
     skipped_steps: int = 0  # non-finite steps skipped (train.nonfinite=skip)
+    overflow_steps: int = 0  # fp16 steps GradScaler skipped for an overflow (not non-finite)
 
 
 def weights_sha256(module: torch.nn.Module) -> str:

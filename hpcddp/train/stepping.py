@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpcddp.config import Config
 from hpcddp.train import batches, ddp
-from hpcddp.train.guard import Guard
+from hpcddp.train.guard import Guard, Seen
 from hpcddp.train.task import Task
 from hpcddp.train.telemetry import IntervalClock
 
@@ -36,9 +36,10 @@ class Stepper:
     clock: IntervalClock
 
     def step(
-        self, loader: Iterator[Any], window: int, logging_next: bool = False
-    ) -> tuple[torch.Tensor, bool]:
-        """Train on ``window`` micro-batches; (summed loss, whether the step was non-finite).
+        self, loader: Iterator[Any], window: int, number: int, logging_next: bool = False
+    ) -> tuple[torch.Tensor, Seen | None]:
+        """Train on ``window`` micro-batches as step ``number``; (summed loss, what the guard
+        found about this step, or on CUDA the one before).
 
         Gradients sync on the last micro-batch only. A non-finite step is not applied: the
         optimizer does not move and its gradients are dropped. The clock counts the time
@@ -65,30 +66,45 @@ class Stepper:
                     (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
         with clock.phase("optimizer_s", measured):
-            nonfinite = self._optimizer_step()
+            seen = (
+                self._scaled_step(self.scaler, number)
+                if self.scaler
+                else self._optimizer_step(number)
+            )
         clock.step(samples, tokens, measured)
-        return total, nonfinite
+        return total, seen
 
-    def _optimizer_step(self) -> bool:
-        """Unscale, check, clip, step; True (and no step) when the gradients are not finite."""
+    def _optimizer_step(self, number: int) -> Seen | None:
+        """Check, clip, step; no step when the guard finds the gradients not finite."""
         clip = self.cfg.optim.grad_clip_norm
         params = [p for p in self.model.parameters() if p.grad is not None]
-        grads = [p.grad for p in params if p.grad is not None]
-        if self.scaler and (clip or self.guard.active):
-            self.scaler.unscale_(self.optimizer)
-        norm = torch.nn.utils.get_total_norm(grads) if clip else None
-        if self.guard.bad_now(params, norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.scaler:
-                self.scaler.update()  # unscale_ was called: the scaler expects an update
-            return True
-        if norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
+        norm = torch.nn.utils.get_total_norm(_grads(params)) if clip else None
+        skip, seen = self.guard.look(params, norm, number)
+        if not skip:
+            if norm is not None:
+                torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
             self.optimizer.step()
-        self.scheduler.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return False
+        return seen
+
+    def _scaled_step(self, scaler: "torch.amp.GradScaler", number: int) -> Seen | None:
+        """fp16: unscale, clip, let GradScaler step (it skips a step whose gradients overflowed,
+        or that a non-finite loss poisoned) and lower or raise its scale."""
+        clip = self.cfg.optim.grad_clip_norm
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        scaler.unscale_(self.optimizer)  # always: its found_inf is what the guard reads
+        seen = self.guard.look_scaled(ddp.found_inf(scaler, self.optimizer), number)
+        if clip:
+            norm = torch.nn.utils.get_total_norm(_grads(params))
+            torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
+        scaler.step(self.optimizer)
+        scaler.update()
+        if not (seen is not None and seen.step == number and seen.nonfinite):
+            self.scheduler.step()  # an overflow step is a step; a non-finite one is not
+        self.optimizer.zero_grad(set_to_none=True)
+        return seen
+
+
+def _grads(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    return [p.grad for p in params if p.grad is not None]

@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import gc
 import logging
-import os
 import pathlib
 import threading
 import time
@@ -25,6 +24,7 @@ from hpcddp.config import Config
 from hpcddp.errors import ConfigError, HpcddpError, LaunchError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.resolve import check_backend, place
+from hpcddp.outcome import RunOutcome
 from hpcddp.storage import rundir
 from hpcddp.storage.runlock import RunLock
 from hpcddp.train import preemption
@@ -53,8 +53,9 @@ class Trainer:
         self.model_fn = _factory(model_fn or self.config.model.factory, "model")
         self.dataset_fn = _factory(dataset_fn or self.config.data.factory, "data")
 
-    def fit(self, env: DistEnv | None = None) -> dict[str, Any]:
-        """Run (or resume) training to the end; returns the summary (``stopped`` if cut short).
+    def fit(self, env: DistEnv | None = None) -> RunOutcome:
+        """Run (or resume) training to the end; how it ended (with summary.json's content, or
+        why it stopped early).
 
         Stop signals (USR2, TERM, Ctrl-C) are caught for the whole call, from set-up to
         teardown, so one arriving at any moment is a clean stop, never a killed rank.
@@ -70,10 +71,9 @@ class Trainer:
         if self.config.dist.backend:
             env = dataclasses.replace(env, backend=self.config.dist.backend)
         try:
-            _check_precision(self.config.train.precision, env.device)
             if self.config.dist.backend:  # HPCDDP_BACKEND was checked where it was read
                 check_backend(env.backend, env.device, "dist.backend")
-        except (ConfigError, LaunchError) as err:
+        except LaunchError as err:
             refusal = refusal or err
         stop_flag = preemption.StopFlag()
         in_main_thread = threading.current_thread() is threading.main_thread()
@@ -91,7 +91,7 @@ class Trainer:
         stop_flag: preemption.StopFlag,
         refusal: HpcddpError | None,
         timeline: Timeline,
-    ) -> dict[str, Any]:
+    ) -> RunOutcome:
         dist_cfg = self.config.dist
         lock = RunLock(pathlib.Path(self.config.run.dir))  # rank 0 takes it in prepare
         meeting = time.perf_counter()
@@ -129,7 +129,7 @@ class Trainer:
         stop_flag: preemption.StopFlag,
         attempt: rundir.Attempt,
         timeline: Timeline,
-    ) -> dict[str, Any]:
+    ) -> RunOutcome:
         """Build and execute the run here, so nothing holds it once this returns."""
         with timeline.phase("setup"):  # the model, data, optimizer and DDP: user code runs
             run = TrainingRun(
@@ -159,8 +159,8 @@ def _attempt(env: DistEnv, done: Joined) -> rundir.Attempt:
     """This attempt of the job, for the run directory's record (hosts known on rank 0)."""
     hosts = [host for host, _ in done.meeting.everyone.values()] if done.meeting else []
     return rundir.Attempt(
-        job=os.environ.get("SLURM_JOB_ID", ""),  # what a requeue keeps; local runs have none
-        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        job=env.slurm_job,  # what a requeue keeps; local runs have none
+        restart=env.restart_count,
         nodes=tuple(dict.fromkeys(hosts or [env.hostname])),
     )
 
@@ -195,11 +195,3 @@ def _factory(spec: Callable[..., Any] | str, what: str) -> Callable[..., Any]:
             "'package.module:function' in the config."
         )
     return import_factory(spec, what)
-
-
-def _check_precision(precision: str, device: str) -> None:
-    if precision == "fp16" and not device.startswith("cuda"):
-        raise ConfigError(
-            "train.precision=fp16 needs CUDA (GradScaler); this rank runs on "
-            f"{device}. HINT: use train.precision=bf16 or fp32 on CPU."
-        )

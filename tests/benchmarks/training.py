@@ -251,7 +251,7 @@ def worker(arm: str, config_path: str, result_path: str) -> int:
     model_fn = lambda **kwargs: clock.attach(factory(**kwargs))  # noqa: E731
     if arm.startswith("trainer"):
         _set_vote(arm)
-        summary = Trainer(model_fn, dataset_fn, config).fit(env)
+        summary = Trainer(model_fn, dataset_fn, config).fit(env).summary
         digest, steps = summary["weights_sha256"], summary["steps"]
     else:
         fused = arm == "identical" and config.optim.fused

@@ -138,13 +138,6 @@ CASES = [
         "'examples.quickstart' has no 'nope'",
     ),
     (
-        "fp16-on-cpu",
-        lambda t: ["train", QS, f"run.dir={t}/r", "train.precision=fp16"],
-        {},
-        2,
-        "fp16 needs CUDA",
-    ),
-    (
         "unwritable-run-dir",
         lambda t: ["train", QS, f"run.dir={a_file(t)}/run", *TINY],
         {},

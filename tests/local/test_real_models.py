@@ -65,7 +65,7 @@ def dicts():
 )
 def test_outputs_and_batches_of_every_shape_train_and_evaluate(tmp_path, shape, dataset):
     config = load_config(QUICKSTART, [f"run.dir={tmp_path}", "data.kwargs={}", "train.epochs=4"])
-    result = Trainer(lambda **kw: Shaped(shape), dataset, config).fit(resolve_env({}))
+    result = Trainer(lambda **kw: Shaped(shape), dataset, config).fit(resolve_env({})).summary
     assert result["steps"] == 32 and result["eval_accuracy"] > 0.6
     assert result["eval_loss"] < 1.0 and result["final_loss"] < 1.0
 
@@ -102,7 +102,7 @@ def test_a_regression_model_reports_mse_and_mae(tmp_path):
             "optim.schedule=constant",
         ],
     )
-    result = Trainer(Regressor, regression_data, config).fit(resolve_env({}))
+    result = Trainer(Regressor, regression_data, config).fit(resolve_env({})).summary
     assert "eval_accuracy" not in result
     assert result["eval_mse"] == pytest.approx(result["eval_loss"]) and result["eval_mse"] < 1.0
     assert 0 < result["eval_mae"] < 1.0
@@ -146,7 +146,7 @@ def test_nan_at_step_8_on_rank_1_stops_every_rank_there_keeping_step_6(tmp_path)
     assert max(steps) == 7  # step 8 was not applied, logged or saved
     record = json.loads((tmp_path / "summary.json").read_text())
     assert record["reason"] == "nonfinite" and record["status"] == "failed"
-    assert (record["step"], record["first_rank"]) == (8, 1)
+    assert (record["steps"], record["first_rank"]) == (8, 1)
 
 
 def test_skip_policy_skips_the_nan_step_and_counts_it(tmp_path):

@@ -68,7 +68,7 @@ def test_only_rank_zero_writes_and_every_rank_logs(tmp_path):
 
 def test_single_process_fit_in_python_api(tmp_path):
     config = load_config(QUICKSTART, [f"run.dir={tmp_path}", *EXACT, "train.epochs=1"])
-    result = Trainer(config=config).fit(resolve_env({}))
+    result = Trainer(config=config).fit(resolve_env({})).summary
     assert result["world_size"] == 1 and result["steps"] == 32
     assert result == summary(tmp_path)
     assert not torch.distributed.is_initialized()  # the group is always torn down
@@ -78,7 +78,7 @@ def test_python_api_takes_callables(tmp_path):
     from examples.quickstart import make_dataset, make_model
 
     config = load_config(QUICKSTART, [f"run.dir={tmp_path}", *EXACT, "train.max_steps=3"])
-    result = Trainer(make_model, make_dataset, config).fit(resolve_env({}))
+    result = Trainer(make_model, make_dataset, config).fit(resolve_env({})).summary
     assert result["steps"] == 3
 
 
@@ -94,7 +94,7 @@ def test_different_config_is_not_resumed_into(tmp_path):
         QUICKSTART,
         [f"run.dir={tmp_path}", *EXACT, "train.max_steps=4", "optim.lr=0.1", "run.force=true"],
     )
-    assert Trainer(config=forced).fit(resolve_env({}))["steps"] == 4
+    assert Trainer(config=forced).fit(resolve_env({})).summary["steps"] == 4
 
 
 def test_resume_with_another_world_size_is_refused(tmp_path):
@@ -125,7 +125,7 @@ def test_bf16_autocast_trains_on_cpu(tmp_path):
             "optim.grad_clip_norm=1.0",
         ],
     )
-    result = Trainer(config=config).fit(resolve_env({}))
+    result = Trainer(config=config).fit(resolve_env({})).summary
     assert result["steps"] == 3 and result["final_loss"] == result["final_loss"]  # not NaN
 
 
@@ -230,10 +230,10 @@ def test_resume_is_exact_with_a_dataset_that_draws_random_numbers(tmp_path):
 
     common = [*EXACT, "data.kwargs={}", "train.epochs=2"]
     straight = load_config(QUICKSTART, [f"run.dir={tmp_path}/a", *common])
-    expected = Trainer(make_model, noisy_data, straight).fit(resolve_env({}))
+    expected = Trainer(make_model, noisy_data, straight).fit(resolve_env({})).summary
     for stop in ("train.stop_after_steps=5", "train.stop_after_steps=0"):
         config = load_config(QUICKSTART, [f"run.dir={tmp_path}/b", *common, stop])
-        got = Trainer(make_model, noisy_data, config).fit(resolve_env({}))
+        got = Trainer(make_model, noisy_data, config).fit(resolve_env({})).summary
     assert got["weights_sha256"] == expected["weights_sha256"]
 
 
@@ -241,7 +241,7 @@ def test_max_steps_beyond_one_epoch_runs_them_all(tmp_path):
     config = load_config(
         QUICKSTART, [f"run.dir={tmp_path}", *EXACT, "train.epochs=1", "train.max_steps=70"]
     )  # 32 steps per epoch here
-    result = Trainer(config=config).fit(resolve_env({}))
+    result = Trainer(config=config).fit(resolve_env({})).summary
     assert result["steps"] == 70 and result["epochs"] == 3
 
 
@@ -269,7 +269,7 @@ def test_torch_compile_trains_the_compiled_model(tmp_path):
     config = load_config(
         QUICKSTART, [f"run.dir={tmp_path}", *EXACT, "train.max_steps=3", "train.compile=true"]
     )
-    result = Trainer(CompileWitness, make_dataset, config).fit(resolve_env({}))
+    result = Trainer(CompileWitness, make_dataset, config).fit(resolve_env({})).summary
     assert result["steps"] == 3 and result["final_loss"] < 2
     assert CompileWitness.traced
     keys = torch.load(next((tmp_path / "checkpoints").glob("*.pt")), weights_only=True)["model"]

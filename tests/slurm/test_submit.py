@@ -40,7 +40,7 @@ def test_submit_two_nodes_from_the_login_node(cluster, tmp_path):
         "examples/quickstart.yaml", [f"run.dir={run_dir}", *QUICK], nodes=2, tasks_per_node=2
     )
     assert isinstance(job, submission.SlurmRun) and job.num_tasks == 4
-    done = job.result()  # blocks only here, not in submit()
+    done = job.result().summary  # blocks only here, not in submit()
     assert done["world_size"] == 4 and done["launcher"] == "slurm"
     assert done["hosts"] == cluster.ranks_on(2, 2) and done["job_id"] == job.job_id
     assert done == summary(run_dir)
@@ -88,7 +88,7 @@ def test_sweep_is_one_array_with_limited_parallelism(cluster, tmp_path):
     script = (base / "submitit" / f"{array_id}_submission.sh").read_text()
     assert "#SBATCH --array=0-1%1" in script  # at most one task at a time
 
-    results = [job.result() for job in runs]
+    results = [job.result().summary for job in runs]
     dirs = sorted(p.name for p in base.iterdir() if p.name != "submitit")
     assert dirs == ["0-optim.lr=0.001", "1-optim.lr=0.003"]
     for name, result in zip(dirs, results, strict=True):
@@ -188,7 +188,7 @@ def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path
         cluster.run("scancel", "--signal=USR2", job.job_id)  # what --signal=USR2@N sends
         cluster.wait_for(job.job_id, {"PENDING"}, timeout=60)  # requeued, held ~120 s
         cluster.release(job.job_id)
-        done = job.result()
+        done = job.result().summary
     finally:
         cluster.run("scancel", job.job_id, check=False)
     assert done["steps"] == 20 * 16384 // 2 // 64 and done["world_size"] == 2

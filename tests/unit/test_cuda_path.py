@@ -104,8 +104,15 @@ def test_autocast_dtype_and_device(precision, device, dtype):
 
 def test_fp32_has_no_autocast_and_only_fp16_scales():
     assert not isinstance(ddp.autocast("fp32", torch.device("cuda:0")), torch.autocast)
-    assert isinstance(ddp.make_scaler("fp16"), torch.amp.GradScaler)
-    assert ddp.make_scaler("bf16") is None and ddp.make_scaler("fp32") is None
+    cuda = torch.device("cuda:0")
+    assert isinstance(ddp.make_scaler("fp16", cuda), torch.amp.GradScaler)
+    assert ddp.make_scaler("bf16", cuda) is None and ddp.make_scaler("fp32", cuda) is None
+
+
+def test_the_scaler_scales_on_the_ranks_own_device_type():
+    """GradScaler("cuda") on a CPU rank disables itself: CPU fp16 would never overflow."""
+    scaler = ddp.make_scaler("fp16", torch.device("cpu"))
+    assert scaler is not None and scaler.is_enabled() and scaler.get_scale() == 2.0**16
 
 
 def test_loaders_pin_memory_on_cuda_only():
@@ -121,9 +128,9 @@ def test_the_guard_reads_late_on_cuda_only_when_stopping():
     from hpcddp.config import TrainConfig
     from hpcddp.train.guard import Guard
 
-    assert Guard(TrainConfig(), torch.device("cuda:0"), scaled=False).lagged
-    assert not Guard(TrainConfig(nonfinite="skip"), torch.device("cuda:0"), scaled=False).lagged
-    assert not Guard(TrainConfig(), torch.device("cpu"), scaled=False).lagged
+    assert Guard(TrainConfig(), "cuda", scaled=False).lagged
+    assert not Guard(TrainConfig(nonfinite="skip"), "cuda", scaled=False).lagged
+    assert not Guard(TrainConfig(), "cpu", scaled=False).lagged
 
 
 def test_snapshot_buffers_are_pinned_for_device_tensors(monkeypatch):

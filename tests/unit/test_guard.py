@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from hpcddp.config import TrainConfig
+from hpcddp.outcome import StopReason
 from hpcddp.train import guard, preemption
 
 
 def make_guard(**train):
-    return guard.Guard(TrainConfig(**train), torch.device("cpu"), scaled=False)
+    return guard.Guard(TrainConfig(**train), "cpu", scaled=False)
 
 
 def model_and_probe():
@@ -46,10 +47,10 @@ def test_a_nan_loss_poisons_every_gradient_it_reaches():
     g.seeded(loss).backward()
     params = list(model.parameters())
     assert torch.isnan(model[2].weight.grad).all()
-    assert g.bad_now(params, None)
+    assert g.look(params, None, 1)[0]
     model.zero_grad()
     g.seeded(model(x).sum()).backward()
-    assert not g.bad_now(params, None)
+    assert not g.look(params, None, 1)[0]
 
 
 def test_grad_norm_option_catches_an_inf_gradient_under_a_finite_loss():
@@ -58,15 +59,15 @@ def test_grad_norm_option_catches_an_inf_gradient_under_a_finite_loss():
     for p in params:
         p.grad = torch.zeros_like(p)
     params[0].grad[0, 0] = math.inf  # far from the probe
-    assert not g.bad_now(params, None)
-    assert make_guard(nonfinite_grad_norm=True).bad_now(params, None)
-    assert g.bad_now(params, torch.tensor(math.inf))  # a norm computed for clipping is used
+    assert not g.look(params, None, 1)[0]
+    assert make_guard(nonfinite_grad_norm=True).look(params, None, 1)[0]
+    assert g.look(params, torch.tensor(math.inf), 1)[0]  # a norm computed for clipping is used
 
 
 def test_off_checks_nothing():
     g = make_guard(nonfinite="off")
     loss = torch.tensor(math.nan)
-    assert g.seeded(loss) is loss and not g.bad_now([], None)
+    assert g.seeded(loss) is loss and not g.look([], None, 1)[0]
 
 
 @pytest.mark.parametrize(
@@ -100,9 +101,9 @@ def test_the_vote_is_held_about_every_half_second(monkeypatch):
     for step in range(1, 400):
         clock.now += 0.01  # 10 ms a step: a vote every 50 steps
         if vote.pending:
-            assert vote.result() == preemption.CARRY_ON
+            assert vote.result() == None
         if vote.due(step):
-            vote.cast(preemption.CARRY_ON, step)
+            vote.cast(None, step)
             held.append(step)
     assert held[:3] == [1, 51, 101] and all(b - a == 50 for a, b in itertools.pairwise(held))
 
@@ -112,13 +113,13 @@ def test_after_a_pause_every_rank_took_the_next_step_votes(monkeypatch):
     monkeypatch.setattr(preemption.time, "perf_counter", clock)
     vote = preemption.StopVote("gloo", distributed=False)
     clock.now += 0.01
-    vote.cast(preemption.CARRY_ON, 1)
+    vote.cast(None, 1)
     clock.now += 5.0  # a checkpoint right after the vote
     vote.restart(1)
     clock.now += 0.01
     vote.result()
     assert vote.due(2)
-    vote.cast(preemption.CARRY_ON, 2)
+    vote.cast(None, 2)
     clock.now += 0.01
     vote.result()
     assert vote.next_step == 52  # the pause did not count as a slow step
@@ -129,7 +130,7 @@ def test_a_slow_step_votes_every_step_and_the_reason_comes_back(monkeypatch):
     monkeypatch.setattr(preemption.time, "perf_counter", clock)
     vote = preemption.StopVote("gloo", distributed=False)
     clock.now += 2.0
-    vote.cast(preemption.STOP_PREEMPTED, 1)
-    assert vote.result() == preemption.STOP_PREEMPTED
+    vote.cast(StopReason.PREEMPTED, 1)
+    assert vote.result() == StopReason.PREEMPTED
     assert vote.due(2)
-    assert vote.result() == preemption.CARRY_ON  # nothing pending: nothing to read
+    assert vote.result() == None  # nothing pending: nothing to read

@@ -449,8 +449,9 @@ def test_signal_reaches_the_step_and_exit_75_requeues(stubs, tmp_path, sig, step
 def test_requeue_status_is_the_trainers():
     """The script requeues on exactly the status the CLI gives a stop it could not requeue."""
     from hpcddp.cli.train import exit_code
+    from hpcddp.outcome import RunOutcome, StopReason
 
-    stopped = {"stopped": True, "reason": "preempted", "requeued": False, "step": 3}
+    stopped = RunOutcome(step=3, stop=StopReason.PREEMPTED, requeued=False)
     assert exit_code(stopped) == exit_codes.STOPPED_NOT_REQUEUED
     assert f"status == {exit_codes.STOPPED_NOT_REQUEUED}" in render()
 

@@ -6,6 +6,7 @@ import stat
 
 import pytest
 
+from hpcddp.outcome import StopReason
 from hpcddp.train import preemption
 
 
@@ -26,13 +27,13 @@ def only_fakes_on_path(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "seen, deadline_passed, reason",
     [
-        (set(), False, preemption.CARRY_ON),
-        (set(), True, preemption.STOP_PREEMPTED),  # the time limit, without any signal
-        ({signal.SIGUSR2}, False, preemption.STOP_PREEMPTED),
-        ({signal.SIGTERM}, False, preemption.STOP_TERMINATED),  # scancel: stop, never requeue
-        ({signal.SIGINT}, False, preemption.STOP_INTERRUPTED),
-        ({signal.SIGTERM}, True, preemption.STOP_TERMINATED),  # cancelled near the end: no requeue
-        ({signal.SIGTERM, signal.SIGUSR2}, False, preemption.STOP_TERMINATED),
+        (set(), False, None),
+        (set(), True, StopReason.PREEMPTED),  # the time limit, without any signal
+        ({signal.SIGUSR2}, False, StopReason.PREEMPTED),
+        ({signal.SIGTERM}, False, StopReason.TERMINATED),  # scancel: stop, never requeue
+        ({signal.SIGINT}, False, StopReason.INTERRUPTED),
+        ({signal.SIGTERM}, True, StopReason.TERMINATED),  # cancelled near the end: no requeue
+        ({signal.SIGTERM, signal.SIGUSR2}, False, StopReason.TERMINATED),
     ],
 )
 def test_stop_reasons(seen, deadline_passed, reason):
@@ -43,8 +44,8 @@ def test_stop_reasons(seen, deadline_passed, reason):
 
 
 def test_a_cancel_outranks_a_preemption_in_the_vote():
-    voted = [r for r in preemption.REASON_NAMES if r != preemption.STOP_NONFINITE]
-    assert max(voted) == preemption.STOP_TERMINATED
+    voted = [r for r in StopReason if r != StopReason.NONFINITE]
+    assert max(voted) == StopReason.TERMINATED
 
 
 def test_handler_only_sets_a_flag_and_a_second_ctrl_c_insists():

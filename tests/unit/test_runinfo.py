@@ -72,7 +72,7 @@ def test_a_folder_that_is_no_run_is_one_line(tmp_path):
 
 
 def test_a_run_that_stopped_as_failed_is_not_called_finished(run_dir):
-    summary = {"stopped": True, "status": "failed", "reason": "nonfinite", "step": 8}
+    summary = {"status": "failed", "reason": "nonfinite", "steps": 8}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     got = fields(run_cli("status", str(run_dir)).stdout)
     assert got["finished"] == "no: failed at step 8 (nonfinite)"

@@ -1,0 +1,91 @@
+"""Everything one rank's run is made of, built in the one order every rank must follow.
+
+`assemble` builds model, data, DDP, optimizer, scaler, guard, stepper, checkpointer and the
+side groups; `hpcddp.train.loop` only runs them. The side groups are made by collectives, so
+every rank makes them here, at the same point and in the same order.
+"""
+
+import dataclasses
+import math
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from hpcddp.config import Config
+from hpcddp.errors import ConfigError
+from hpcddp.launch.distenv import DistEnv
+from hpcddp.train import building, data, ddp, guard, preemption, telemetry
+from hpcddp.train.checkpointing import Checkpointer, Trained
+from hpcddp.train.optim import make_optimizer, make_scheduler
+from hpcddp.train.step_reports import Reports
+from hpcddp.train.stepping import Stepper
+from hpcddp.train.task import Task
+
+
+@dataclasses.dataclass
+class Parts:
+    """One rank's model, data, optimizer and the helpers that step, guard, save and vote."""
+
+    model: torch.nn.Module  # unwrapped: what is optimized, saved and evaluated
+    ddp: DDP
+    train_loader: Any
+    eval_loader: Any
+    total_steps: int
+    task: Task
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    guard: guard.Guard
+    clock: telemetry.IntervalClock
+    stepper: Stepper
+    checkpoints: Checkpointer
+    vote: preemption.StopVote
+    reports: Reports
+    hosts: list[str]
+
+
+def assemble(
+    model_fn: Callable[..., torch.nn.Module],
+    dataset_fn: Callable[..., Any],
+    cfg: Config,
+    env: DistEnv,
+    device: torch.device,
+    run_dir: pathlib.Path,
+) -> Parts:
+    """Build a rank's parts; a fault on one rank ends them all (they agree before DDP)."""
+    built = building.build(model_fn, dataset_fn, cfg, env, device)
+    total_steps = _total_steps(built.train_loader, cfg, env)
+    model, wrapped = ddp.wrap(built.model, cfg, env, device)
+    task = Task.resolve(cfg.task, model)
+    optimizer = make_optimizer(model.parameters(), cfg.optim)
+    scheduler = make_scheduler(optimizer, cfg.optim, total_steps)
+    scaler = ddp.make_scaler(cfg.train.precision, device)
+    nan_guard = guard.Guard(
+        cfg.train, device.type, scaled=scaler is not None, distributed=env.distributed
+    )
+    clock = telemetry.IntervalClock(device)
+    stepper = Stepper(
+        cfg, device, wrapped, model, optimizer, scheduler, scaler, task, nan_guard, clock
+    )
+    trained = Trained(model, optimizer, scheduler, scaler)
+    checkpoints = Checkpointer(run_dir, cfg.train, cfg.dist.timeout_s, env, trained)
+    vote = preemption.StopVote(env.backend, env.distributed, timeout_s=cfg.dist.timeout_s)
+    reports = Reports(cfg, env, device, built.hosts)  # telemetry's side group
+    return Parts(
+        model, wrapped, built.train_loader, built.eval_loader, total_steps, task, scheduler,
+        nan_guard, clock, stepper, checkpoints, vote, reports, built.hosts,
+    )  # fmt: skip
+
+
+def _total_steps(train_loader: Any, cfg: Config, env: DistEnv) -> int:
+    """Optimizer steps in the run: train.max_steps, or epochs of accumulation windows."""
+    steps_per_epoch = math.ceil(len(train_loader) / cfg.train.grad_accum_steps)
+    if steps_per_epoch == 0:  # every rank gets the same number of samples
+        per_rank = data.samples_per_rank(train_loader)
+        raise ConfigError(
+            f"the training set gives each rank {per_rank} samples, not one batch "
+            f"(data.batch_size={cfg.data.batch_size}, data.drop_last=true, world size "
+            f"{env.world_size}). HINT: lower data.batch_size or set data.drop_last=false."
+        )
+    return cfg.train.max_steps or cfg.train.epochs * steps_per_epoch

@@ -1,0 +1,133 @@
+"""When a run stops early and what follows: the job's deadline, the stop vote, the requeue.
+
+`Stopping` holds the decisions `hpcddp.train.loop` asks for at start-up (when to stop ahead of
+the job's time limit), after each step (the ranks' vote) and after a stop (requeue a preempted
+Slurm job, or not), and turns a stop into the typed `RunOutcome`. The NaN policy is not here:
+it lives whole in `hpcddp.train.guard`.
+"""
+
+import logging
+import pathlib
+import time
+
+from hpcddp.comm import collectives
+from hpcddp.config import Config
+from hpcddp.errors import ConfigError
+from hpcddp.launch import deadline, requeue
+from hpcddp.launch.distenv import DistEnv
+from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.storage import attempts
+from hpcddp.storage.rundir import Attempt
+from hpcddp.train import preemption
+
+log = logging.getLogger(__name__)
+
+# How long rank 0 waits for the stop signal of a job that Slurm already reports as ending:
+# `scancel` first sets the job's end to now, then signals its tasks.
+SIGNAL_GRACE_S = 5.0
+
+
+class Stopping:
+    """One rank's stop decisions; every rank reaches the same ones at the same step."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        env: DistEnv,
+        stop_flag: preemption.StopFlag,
+        vote: preemption.StopVote,
+        attempt: Attempt,
+        run_dir: pathlib.Path,
+        grace_s: float = SIGNAL_GRACE_S,
+    ) -> None:
+        self.cfg, self.env, self.stop_flag, self.vote = cfg, env, stop_flag, vote
+        self.attempt, self.run_dir, self.grace_s = attempt, run_dir, grace_s
+        self.deadline: float | None = None  # when to stop ahead of the job's time limit
+        self.resumed_step = 0  # where this attempt started
+
+    # -- at start-up --------------------------------------------------------------------------
+
+    def read_deadline(self) -> None:
+        """When to stop on our own, ahead of the job's time limit (rank 0 asks Slurm).
+
+        A job whose time cannot hold the stop margin is refused: it would requeue forever.
+        """
+        margin = self.cfg.train.stop_before_end_s
+        end = collectives.on_rank_zero(
+            lambda: self.job_end(margin), self.env.rank, "read the job's end time"
+        )
+        self.deadline = None if end is None else end - margin
+
+    def job_end(self, margin: float) -> float | None:
+        """The job's end; refused when it cannot hold ``margin``, unless the job is stopping.
+
+        A `scancel` (or any stop signal) that lands while the run starts makes Slurm report the
+        job's end as now: that run is stopped, not given too little time.
+        """
+        end = deadline.job_end_time(self.env.environ)
+        try:
+            deadline.check_time_fits(end, margin, time.time())
+        except ConfigError:
+            if not self._signalled_within(self.grace_s):
+                raise
+            log.info("a stop signal came while the run started: stopping")
+        return end
+
+    def _signalled_within(self, grace_s: float) -> bool:
+        until = time.monotonic() + grace_s
+        while not self.stop_flag.seen and time.monotonic() < until:
+            time.sleep(0.05)
+        return bool(self.stop_flag.seen)
+
+    # -- after each step ----------------------------------------------------------------------
+
+    def reason(self, step: int, last: bool) -> StopReason | None:
+        """Read the vote cast after the previous step, then cast one if due (no waiting)."""
+        agreed = self.vote.result()
+        if agreed or last:
+            return None if last else agreed
+        stop_after = self.cfg.train.stop_after_steps
+        if stop_after and step >= stop_after:
+            log.info("stopping after step %d as asked (train.stop_after_steps)", step)
+            return StopReason.REQUESTED  # every rank knows this without a vote
+        if self.vote.due(step):
+            self.vote.cast(preemption.reason_of(self.stop_flag, self.deadline), step)
+        return None
+
+    # -- after a stop -------------------------------------------------------------------------
+
+    def conclude(self, reason: StopReason, step: int) -> RunOutcome:
+        """After the stop checkpoint: requeue a preempted Slurm job (rank 0), and say so."""
+        preempted = reason == StopReason.PREEMPTED
+        if preempted:
+            self._refuse_endless_requeue(step)
+        if self.env.is_main:  # before requeueing, which ends the job's processes
+            self.record_attempt(reason.label, step)
+        if not preempted:
+            return RunOutcome(step=step, stop=reason)
+        requeued, message = collectives.on_rank_zero(
+            lambda: requeue.requeue(self.env.environ), self.env.rank, "requeue the job"
+        )
+        (log.info if requeued else log.error)(
+            "preempted at step %d, checkpoint saved; %s", step, message
+        )
+        return RunOutcome(step=step, stop=reason, requeued=requeued)
+
+    def record_attempt(self, cause: str, step: int) -> None:
+        """Rank 0: this attempt's line in attempts.jsonl (`hpcddp.storage.attempts`)."""
+        a = self.attempt
+        attempts.record(
+            self.run_dir,
+            job=a.job,
+            restart=a.restart,
+            nodes=list(a.nodes),
+            cause=cause,
+            step=step,
+            from_step=self.resumed_step,
+        )
+
+    def _refuse_endless_requeue(self, step: int) -> None:
+        """The stop time passed within the attempt's first step: a requeue would gain one step."""
+        passed = self.deadline is not None and time.time() >= self.deadline
+        if passed and step - self.resumed_step <= 1:
+            raise ConfigError(deadline.no_room_message(self.cfg.train.stop_before_end_s))
