@@ -120,7 +120,7 @@ class CheckpointStore:
         try:
             nbytes = self._write_checkpoint(path, step, state)
         except OSError as exc:
-            raise self._write_error(step, exc, _tensor_bytes(state)) from exc
+            raise _write_error(self.directory, step, exc, _tensor_bytes(state)) from exc
         elapsed = time.perf_counter() - started
         log.info(
             "saved checkpoint %s (%.1f MB in %.2f s, %.0f MB/s)",
@@ -169,23 +169,6 @@ class CheckpointStore:
         if len(digests) > 1:  # Old payload is gone; keep only the digest that matches now.
             atomic.atomic_write_bytes(sidecar, _sidecar_text(path, [new]))
         return nbytes
-
-    def _write_error(self, step: int, exc: OSError, tensor_bytes: int) -> CheckpointError:
-        """Turn an OSError from writing into a one-line CheckpointError with the fix."""
-        what = _DISK_FULL_ERRNOS.get(exc.errno or 0)
-        if what is None:
-            return CheckpointError(
-                f"checkpoint step {step} not saved to {self.directory}: {exc}; previous "
-                "checkpoints are intact. HINT: check that run.dir is writable and healthy."
-            )
-        free = _free_bytes(self.directory)
-        free_text = f", {free} bytes free" if free is not None else ""
-        return CheckpointError(
-            f"checkpoint step {step} not saved: {what} ({exc.strerror}) in {self.directory}; "
-            f"needed at least {tensor_bytes} bytes{free_text}; previous checkpoints are intact. "
-            "HINT: free space there (or lower train.keep_checkpoints), or point run.dir at a "
-            "filesystem with room."
-        )
 
     def _prune(self, keep_step: int) -> None:
         """Delete checkpoints beyond the newest ``keep_last``, never the one just written."""
@@ -263,6 +246,26 @@ class CheckpointStore:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+def _write_error(
+    directory: pathlib.Path, step: int, exc: OSError, tensor_bytes: int
+) -> CheckpointError:
+    """Turn an OSError from writing into a one-line CheckpointError with the fix."""
+    what = _DISK_FULL_ERRNOS.get(exc.errno or 0)
+    if what is None:
+        return CheckpointError(
+            f"checkpoint step {step} not saved to {directory}: {exc}; previous "
+            "checkpoints are intact. HINT: check that run.dir is writable and healthy."
+        )
+    free = _free_bytes(directory)
+    free_text = f", {free} bytes free" if free is not None else ""
+    return CheckpointError(
+        f"checkpoint step {step} not saved: {what} ({exc.strerror}) in {directory}; "
+        f"needed at least {tensor_bytes} bytes{free_text}; previous checkpoints are intact. "
+        "HINT: free space there (or lower train.keep_checkpoints), or point run.dir at a "
+        "filesystem with room."
+    )
 
 
 def _check_step(step: int) -> None:

@@ -4,12 +4,14 @@ and `hpcddp status` / `logs` on a cluster without accounting (no sacct)."""
 import dataclasses
 import json
 import os
+import pathlib
 import time
 
 import pytest
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import hpcddp
+from hpcddp.outcome import StopReason
 from hpcddp.slurm import submission
 from tests.fixtures.helpers import QUICK, REPO, run_cli, summary, wait_until
 
@@ -198,26 +200,39 @@ def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path
 
 
 def test_scancel_stops_a_running_job_for_good(cluster, tmp_path):
-    """SIGTERM from scancel stops the run with a checkpoint and no self-requeue."""
-    run_dir = tmp_path / "run"
+    """SIGTERM from scancel stops the run with a checkpoint and no self-requeue, also when it
+    lands during start-up: Slurm then already reports the job's end as now, which must read as
+    a stop, never as a job given too little time (bad input)."""
+    run_dir, gate = tmp_path / "run", tmp_path / "gate"
     job = hpcddp.submit(
         "examples/quickstart.yaml",
-        [f"run.dir={run_dir}", "train.epochs=20"],
+        [f"run.dir={run_dir}", "train.epochs=20",
+         "model.factory=tests.fixtures.gated_setup:make_model",
+         f"model.kwargs={{gate: {gate}, in_features: 16, hidden: 256, classes: 4}}"],
         nodes=1,
         tasks_per_node=1,
-    )
+    )  # fmt: skip
     try:
-        wait_until((run_dir / "metrics.jsonl").exists, "the run to start", timeout=90)
+        # the run is starting: its stop signals are caught, the job's end is not read yet
+        wait_until(pathlib.Path(f"{gate}.building").exists, "the run to start", timeout=90)
         cluster.run("scancel", job.job_id)
+        wait_until(lambda: _ending(cluster, job.job_id), "Slurm to mark the job ending", 30)
+        pathlib.Path(f"{gate}.go").touch()  # now the run reads the job's end: now
         stopped = job.result()
         time.sleep(3)  # time for a self-requeue, if there were one
         record = cluster.run("scontrol", "show", "job", job.job_id).stdout
     finally:
         cluster.run("scancel", job.job_id, check=False)  # a requeued, pending job: no signal
-    assert stopped["stopped"] and stopped["reason"] == "terminated"
+    assert stopped.stop == StopReason.TERMINATED and not stopped.requeued
     assert "JobState=CANCELLED" in record and "Restarts=0" in record
     status = fields(run_cli("status", job.job_id, env=cluster.cli_env, timeout=60).stdout)
     assert (status["state"], status["summary.json"]) == ("CANCELLED", "no")
+
+
+def _ending(cluster, job_id: str) -> bool:
+    """Slurm no longer reports the job as running (cancelled: its end is now)."""
+    state = cluster.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.strip()
+    return state != "RUNNING"
 
 
 def test_a_failing_job_is_failed_everywhere(cluster, tmp_path):

@@ -10,6 +10,7 @@ from torch import nn
 from hpcddp.config import TrainConfig
 from hpcddp.outcome import StopReason
 from hpcddp.train import guard, preemption
+from hpcddp.train.state import Progress
 
 
 def make_guard(**train):
@@ -101,7 +102,7 @@ def test_the_vote_is_held_about_every_half_second(monkeypatch):
     for step in range(1, 400):
         clock.now += 0.01  # 10 ms a step: a vote every 50 steps
         if vote.pending:
-            assert vote.result() == None
+            assert vote.result() is None
         if vote.due(step):
             vote.cast(None, step)
             held.append(step)
@@ -133,4 +134,94 @@ def test_a_slow_step_votes_every_step_and_the_reason_comes_back(monkeypatch):
     vote.cast(StopReason.PREEMPTED, 1)
     assert vote.result() == StopReason.PREEMPTED
     assert vote.due(2)
-    assert vote.result() == None  # nothing pending: nothing to read
+    assert vote.result() is None  # nothing pending: nothing to read
+
+
+# -- the one-step-late (CUDA) path, with the device copy faked -----------------------------------
+
+
+class HeldCopy(guard.Late):
+    """What `guard.PinnedCopy` does on CUDA, on the CPU: the flags, read later."""
+
+    def __init__(self, flags: torch.Tensor, step: int) -> None:
+        self.flags, self.step = flags.clone(), step
+
+    def read(self) -> guard.Seen:
+        return guard._seen(self.flags.tolist(), self.step)
+
+
+def lagged_guard(**train) -> guard.Guard:
+    g = guard.Guard(TrainConfig(**train), "cuda", scaled=False, late_copy=HeldCopy)
+    assert g.lagged
+    return g
+
+
+def test_the_late_path_names_the_bad_step_and_whether_this_rank_saw_it():
+    model, _ = model_and_probe()
+    g = lagged_guard()
+    g.find_probe(model).__enter__()
+    params, x = list(model.parameters()), torch.randn(5, 4)
+    progress = Progress(step=0)
+    found = []
+    for step, bad in [(1, False), (2, True), (3, False)]:
+        model.zero_grad()
+        loss = model(x).sum() + (float("nan") if bad else 0.0)
+        g.seeded(loss).backward()
+        skip, seen = g.look(params, None, step)
+        assert not skip  # the late path never holds the optimizer back
+        found.append(seen)
+        progress.step = step
+        if g.judge(seen, progress):
+            break
+    assert found[0] is None and found[1] == guard.Seen(1, nonfinite=False, own_loss=False)
+    assert found[2] == guard.Seen(2, nonfinite=True, own_loss=True)  # step 2, read at step 3
+    assert g.stopped is not None and g.stopped.step == 2 and progress.skipped_steps == 1
+
+
+def test_settle_reads_the_last_step_before_a_checkpoint():
+    model, _ = model_and_probe()
+    g = lagged_guard()
+    g.find_probe(model).__enter__()
+    g.seeded(model(torch.randn(5, 4)).sum() * float("inf")).backward()
+    assert g.look(list(model.parameters()), None, 7) == (False, None)
+    assert g.settle() == guard.Seen(7, nonfinite=True, own_loss=True)
+    assert g.settle() is None
+
+
+# -- fp16: GradScaler's overflows are not non-finite steps --------------------------------------
+
+
+def scaled_guard(**train) -> guard.Guard:
+    return guard.Guard(TrainConfig(**train), "cpu", scaled=True)
+
+
+def test_an_overflow_with_a_finite_loss_is_counted_never_a_stop():
+    g, progress = scaled_guard(nonfinite="stop"), Progress()
+    for step in range(1, 6):
+        g.seeded(torch.tensor(1.5))
+        seen = g.look_scaled(torch.tensor(1.0), step)  # the scaler found inf/NaN gradients
+        assert seen == guard.Seen(step, nonfinite=False, own_loss=False, overflow=True)
+        assert not g.judge(seen, progress, lambda: 2.0**16 / 2**step)
+    assert (progress.overflow_steps, progress.skipped_steps) == (5, 0)
+
+
+def test_a_nan_loss_under_fp16_is_non_finite_even_though_the_scaler_skips_it():
+    g, progress = scaled_guard(nonfinite="stop"), Progress()
+    g.seeded(torch.tensor(float("nan")))
+    seen = g.look_scaled(torch.tensor(1.0), 4)
+    assert seen == guard.Seen(4, nonfinite=True, own_loss=True, overflow=False)
+    assert g.judge(seen, progress) and progress.overflow_steps == 0
+
+
+def test_a_collapsing_scale_after_many_overflows_stops_the_run():
+    g, progress = scaled_guard(nonfinite="stop"), Progress()
+    scale = 2.0**16
+    for step in range(1, 100):
+        g.seeded(torch.tensor(1.0))
+        scale /= 2
+        if g.judge(g.look_scaled(torch.tensor(1.0), step), progress, lambda: scale):
+            break
+    assert scale < guard.SCALE_FLOOR and step >= guard.OVERFLOW_RUN
+    assert g.collapsed_scale == scale and g.stopped is not None and g.stopped.step == step
+    text = guard.message(step, [], progress.skipped_steps, None, "stop", g.collapsed_scale)
+    assert "fp16 loss scale fell to" in text and f"at step {step}" in text
