@@ -201,7 +201,7 @@ def test_an_overflow_with_a_finite_loss_is_counted_never_a_stop():
         g.seeded(torch.tensor(1.5))
         seen = g.look_scaled(torch.tensor(1.0), step)  # the scaler found inf/NaN gradients
         assert seen == guard.Seen(step, nonfinite=False, own_loss=False, overflow=True)
-        assert not g.judge(seen, progress, lambda: 2.0**16 / 2**step)
+        assert not g.judge(seen, progress, lambda s=step: 2.0**16 / 2**s)
     assert (progress.overflow_steps, progress.skipped_steps) == (5, 0)
 
 
@@ -219,7 +219,7 @@ def test_a_collapsing_scale_after_many_overflows_stops_the_run():
     for step in range(1, 100):
         g.seeded(torch.tensor(1.0))
         scale /= 2
-        if g.judge(g.look_scaled(torch.tensor(1.0), step), progress, lambda: scale):
+        if g.judge(g.look_scaled(torch.tensor(1.0), step), progress, lambda s=scale: s):
             break
     assert scale < guard.SCALE_FLOOR and step >= guard.OVERFLOW_RUN
     assert g.collapsed_scale == scale and g.stopped is not None and g.stopped.step == step
