@@ -2,7 +2,8 @@
 
 The package has wings by world (each subpackage's docstring says what it may import):
 
-- ground floor: `hpcddp.config`, `hpcddp.errors`, `hpcddp.exit_codes`, `hpcddp.progress`
+- ground floor: `hpcddp.config`, `hpcddp.errors`, `hpcddp.exit_codes`, `hpcddp.progress`,
+  `hpcddp.outcome`
 - `hpcddp.launch`: who am I (hostlists, launch contexts, ports, the local launcher); torch-free
 - `hpcddp.storage`: run directory, atomic files, checkpoints, plots
 - `hpcddp.comm`: the process group's life, collectives, failure reports, guarded downloads
@@ -31,6 +32,8 @@ _EXPORTS = {
     "submit": "hpcddp.slurm.submission",
     "sweep": "hpcddp.slurm.submission",
     "HpcddpError": "hpcddp.errors",
+    "RunOutcome": "hpcddp.outcome",
+    "StopReason": "hpcddp.outcome",
 }
 
 __all__ = sorted(_EXPORTS)

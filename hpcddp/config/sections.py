@@ -173,7 +173,9 @@ class TrainConfig:
     epochs: int = setting(1, "passes over the training set")
     max_steps: int = setting(0, "stop after this many optimizer steps; 0: run all epochs")
     grad_accum_steps: int = setting(1, "micro-batches per optimizer step")
-    precision: str = setting("fp32", "fp32, bf16 (autocast) or fp16 (autocast + GradScaler, CUDA)")
+    precision: str = setting(
+        "fp32", "fp32, bf16 (autocast) or fp16 (autocast + GradScaler on the rank's device type)"
+    )
     eval_every_steps: int = setting(0, "evaluate every N steps; 0: at the end of every epoch")
     checkpoint_every_steps: int = setting(0, "checkpoint every N steps; 0: every epoch's end")
     keep_checkpoints: int = setting(3, "how many of the newest checkpoints to keep")
