@@ -1,7 +1,7 @@
 """The shared DDP trainer: user model and dataset in, checkpoints, metrics and a summary out.
 
 `Trainer.fit` joins the process group, prepares the run directory (rank 0), sets up logging,
-and hands over to `hpcddp.train.loop.TrainingRun`, which builds model, data and optimizer and
+and hands over to `hpcddp.train.loop.TrainingRun`, which has model, data and optimizer built and
 runs the loop; the group and the logging are always torn down afterwards.
 """
 
