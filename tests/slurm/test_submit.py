@@ -206,20 +206,22 @@ def test_scancel_stops_a_running_job_for_good(cluster, tmp_path):
     run_dir, gate = tmp_path / "run", tmp_path / "gate"
     job = hpcddp.submit(
         "examples/quickstart.yaml",
-        [f"run.dir={run_dir}", "train.epochs=20",
-         "model.factory=tests.fixtures.gated_setup:make_model",
-         f"model.kwargs={{gate: {gate}, in_features: 16, hidden: 256, classes: 4}}"],
+        [f"run.dir={run_dir}", "train.epochs=20", "data.kwargs={train_size: 2048, eval_size: 64}",
+         "model.factory=tests.fixtures.gated_setup:make_model", f"model.kwargs={{gate: {gate}}}"],
         nodes=1,
         tasks_per_node=1,
     )  # fmt: skip
     try:
-        # the run is starting: its stop signals are caught, the job's end is not read yet
+        # the run is starting (its first forward): stop signals are caught, the job's end is
+        # not read yet
         wait_until(pathlib.Path(f"{gate}.building").exists, "the run to start", timeout=90)
         cluster.run("scancel", job.job_id)
         wait_until(lambda: _ending(cluster, job.job_id), "Slurm to mark the job ending", 30)
         pathlib.Path(f"{gate}.go").touch()  # now the run reads the job's end: now
         stopped = job.result()
-        time.sleep(3)  # time for a self-requeue, if there were one
+        # a self-requeue happens before the job's processes end: once Slurm has finished
+        # ending the job, its restart count is final
+        wait_until(lambda: not _ending_still(cluster, job.job_id), "the job to end", 60)
         record = cluster.run("scontrol", "show", "job", job.job_id).stdout
     finally:
         cluster.run("scancel", job.job_id, check=False)  # a requeued, pending job: no signal
@@ -227,6 +229,12 @@ def test_scancel_stops_a_running_job_for_good(cluster, tmp_path):
     assert "JobState=CANCELLED" in record and "Restarts=0" in record
     status = fields(run_cli("status", job.job_id, env=cluster.cli_env, timeout=60).stdout)
     assert (status["state"], status["summary.json"]) == ("CANCELLED", "no")
+
+
+def _ending_still(cluster, job_id: str) -> bool:
+    """Slurm is still running or ending the job (RUNNING, COMPLETING)."""
+    record = cluster.run("scontrol", "show", "job", job_id).stdout
+    return "JobState=RUNNING" in record or "JobState=COMPLETING" in record
 
 
 def _ending(cluster, job_id: str) -> bool:
