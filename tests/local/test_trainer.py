@@ -10,7 +10,7 @@ from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.resolve import resolve_env
 from hpcddp.train.data import default_num_workers
-from tests.fixtures.helpers import EXACT, QUICKSTART, run_cli, summary, train_local
+from tests.fixtures.helpers import EXACT, QUICKSTART, TINY, run_cli, summary, train_local
 
 
 def train_exact(run_dir, *extra, nproc=2):
@@ -107,11 +107,16 @@ def test_resume_with_another_world_size_is_refused(tmp_path):
     assert "written by 1 ranks, this run has 2" in result.stderr
 
 
-def test_fp16_on_cpu_is_refused_before_training(tmp_path):
-    config = load_config(QUICKSTART, [f"run.dir={tmp_path}", "train.precision=fp16"])
-    with pytest.raises(ConfigError, match="fp16 needs CUDA"):
-        Trainer(config=config).fit(resolve_env({}))
-    assert not tmp_path.joinpath("config.yaml").exists()
+def test_fp16_trains_on_cpu_with_loss_scaling(tmp_path):
+    """fp16 on a CPU rank scales its loss like a GPU one (no longer refused, no silent no-op)."""
+    config = load_config(
+        QUICKSTART,
+        [f"run.dir={tmp_path}", *TINY, "train.precision=fp16", "train.log_every_steps=1"],
+    )
+    outcome = Trainer(config=config).fit(resolve_env({}))
+    assert outcome.finished and outcome.summary["overflow_steps"] == 0
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["loss_scale"] for line in lines if "loss" in line] == [2.0**16, 2.0**16]
 
 
 def test_bf16_autocast_trains_on_cpu(tmp_path):
