@@ -137,6 +137,7 @@ def joined(
     meeting = None
     if env.world_size > 1:
         store, meeting = meet(env, timeout_s, socket_ifname, refusal)
+        env = dataclasses.replace(env, device=meeting.device)  # rank 0 spread the GPUs
     elif refusal is not None:
         raise refusal
     previous = export_env(env, meeting.network if meeting else None)

@@ -6,6 +6,8 @@ back from globals), so the process group, the trainer and the logs all see the s
 
 import dataclasses
 
+from hpcddp.launch.gpus import Gpu
+
 
 @dataclasses.dataclass(frozen=True)
 class DistEnv:
@@ -25,6 +27,15 @@ class DistEnv:
     hostname: str = ""
     device: str = "cpu"
     backend: str = "gloo"
+    gpus: tuple[Gpu, ...] = ()  # the GPUs this process sees, in CUDA's order
+
+    @property
+    def gpu(self) -> Gpu | None:
+        """The GPU this rank uses (None on CPU)."""
+        if not self.device.startswith("cuda:"):
+            return None
+        index = int(self.device.partition(":")[2])
+        return next((g for g in self.gpus if g.index == index), None)
 
     @property
     def is_main(self) -> bool:

@@ -174,7 +174,7 @@ def _log_place(env: DistEnv, done: Joined) -> None:
         env.local_rank,
         env.node_rank,
         env.num_nodes,
-        env.device,
+        done.device,  # the rendezvous may have given this rank another GPU than it guessed
         env.backend,
         env.master_addr,
         env.master_port,
