@@ -31,7 +31,7 @@ from hpcddp import __version__, exit_codes
 from hpcddp.config import Config, SlurmConfig
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, HpcddpError, LaunchError
-from hpcddp.slurm.container import pyxis_args, wrapper_args
+from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.options import sbatch_options, with_options
 
 _PLACEHOLDER = re.compile(r"\{\{ (\w+) \}\}")
@@ -83,12 +83,16 @@ def container_lines(container: ContainerConfig, gpus_per_node: int) -> str:
     """Bash arrays: ``container`` (the command prefix of every rank) and ``helper`` (how this
     shell runs hpcddp's Python helpers), and for pyxis the srun options that enter the image."""
     wrapper = wrapper_args(container, gpus_per_node)
+    gpus = "".join(
+        f"# Whenever Slurm gave the job GPUs, the container gets them\n{line}\n"
+        for line in gpu_lines(container)
+    )
     if wrapper:
-        return f'container=({shlex.join(wrapper)})\nhelper=("${{container[@]}}" "$PYTHON")'
+        return f'{gpus}container=({shlex.join(wrapper)})\nhelper=("${{container[@]}}" "$PYTHON")'
     pyxis = pyxis_args(container)
     if pyxis:
         options = f'{shlex.join(pyxis)} "--container-workdir=$PWD"'
-        return "\n".join(
+        return gpus + "\n".join(
             [
                 "container=()",
                 f"srun_args+=({options})",

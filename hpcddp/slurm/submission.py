@@ -35,7 +35,7 @@ from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, LaunchError
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
-from hpcddp.slurm.container import pyxis_args, wrapper_args
+from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.options import refuse_own_option
 from hpcddp.slurm.tasks import CheckTask, TrainTask
 
@@ -146,7 +146,12 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
         # One dead rank ends the step instead of leaving the others waiting in a collective.
         "slurm_srun_args": ["--kill-on-bad-exit=1", *pyxis_args(slurm.container)],
         # Since Slurm 22.05 srun no longer inherits --cpus-per-task; without this, loaders starve.
-        "slurm_setup": ["export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}", *slurm.setup],
+        # The container gets the GPUs whenever Slurm gave some (hpcddp.slurm.container).
+        "slurm_setup": [
+            "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}",
+            *gpu_lines(slurm.container),
+            *slurm.setup,
+        ],
         # The trainer checkpoints on SIGUSR2 and requeues with `scontrol requeue`.
         "slurm_additional_parameters": {"requeue": True, **slurm.extra},
     }

@@ -5,11 +5,13 @@ shows it under the CUDA_VISIBLE_DEVICES Slurm set), then the rendezvous's rule (
 gives every rank its device from all the ranks' UUIDs, or refuses, naming ranks, host and GPU.
 """
 
+import re
+
 import pytest
 
 from hpcddp.comm.rendezvous import Hello, plan_devices
 from hpcddp.errors import LaunchError
-from hpcddp.launch.resolve import resolve_env
+from hpcddp.launch.resolve import place, resolve_env
 from tests.fixtures.gpu_nodes import mig_gpus, node_gpus, seen_through, slurm_task
 
 
@@ -191,3 +193,57 @@ def test_a_torchrun_node_with_fewer_gpus_than_ranks_is_refused_where_it_starts()
             hostname="g1",
             ancestors=lambda: [1],
         )
+
+
+# -- GPUs Slurm gave are GPUs used -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "given, torch_cuda, device_files, extra, reason",
+    [
+        ({"SLURM_JOB_GPUS": "0,1"}, None, True, {}, r"CPU-only build.*HINT: install a CUDA"),
+        (
+            {"SLURM_GPUS_ON_NODE": "4"},
+            "12.4",
+            False,
+            {"APPTAINER_CONTAINER": "/images/t.sif"},
+            r"apptainer container without the GPUs.*--nv",
+        ),
+        (
+            {"SLURM_STEP_GPUS": "2"},
+            "12.4",
+            False,
+            {"ENROOT_ROOTFS": "/tmp/r"},
+            r"pyxis container without the GPUs.*NVIDIA_VISIBLE_DEVICES",
+        ),
+        ({"SLURM_JOB_GPUS": "0"}, "12.4", True, {}, r"CUDA 12.4 cannot use them.*nvidia-smi"),
+    ],
+)
+def test_a_rank_slurm_gave_gpus_that_sees_none_is_refused_with_the_reason(
+    given, torch_cuda, device_files, extra, reason
+):
+    from hpcddp.launch.gpus import no_gpu_reason
+
+    environ = {**slurm_task(1, 1, 0, 1, 2), **given, **extra}
+    env, refusal = place(
+        environ,
+        devices=lambda: (),
+        hostname="g1",
+        ancestors=lambda: [1],
+        why_no_gpu=lambda e: no_gpu_reason(e, torch_cuda, device_files),
+    )
+    assert env.rank == 1  # it still knows where the others meet, to tell them
+    assert isinstance(refusal, LaunchError)
+    assert re.search(rf"Slurm gave this job GPUs \({next(iter(given))}=.*{reason}", str(refusal))
+    assert "HPCDDP_DEVICE=cpu" in str(refusal)
+
+
+def test_cpu_on_purpose_or_no_gpus_given_trains_on_cpu():
+    gave = {**slurm_task(1, 1, 0, 1, 2), "SLURM_JOB_GPUS": "0,1", "HPCDDP_DEVICE": "cpu"}
+    assert (
+        resolve_env(gave, devices=lambda: (), hostname="g1", ancestors=lambda: [1]).device == "cpu"
+    )
+    none = {**slurm_task(1, 1, 0, 1, 2), "SLURM_GPUS_ON_NODE": "0"}
+    assert (
+        resolve_env(none, devices=lambda: (), hostname="g1", ancestors=lambda: [1]).device == "cpu"
+    )
