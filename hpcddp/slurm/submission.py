@@ -33,9 +33,11 @@ from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 from hpcddp.config import Config, SlurmConfig, apply_overrides, from_dict, load_config
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, LaunchError
+from hpcddp.slurm import cpus_per_task
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
 from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
+from hpcddp.slurm.cpus_per_task import with_cpus
 from hpcddp.slurm.options import refuse_own_option
 from hpcddp.slurm.tasks import CheckTask, TrainTask
 
@@ -140,7 +142,7 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
         "name": slurm.job_name,
         "nodes": slurm.nodes,
         "tasks_per_node": slurm.tasks_per_node,
-        "cpus_per_task": slurm.cpus_per_task,
+        "cpus_per_task": cpus_per_task.per_rank(slurm, ()),
         "timeout_min": slurm.time_min,
         "slurm_signal_delay_s": slurm.signal_delay_s,
         # One dead rank ends the step instead of leaving the others waiting in a collective.
@@ -236,8 +238,9 @@ def _executor(config: Config, cluster: str, **extra: Any) -> submitit.AutoExecut
     python = container_python(config.slurm.container, config.slurm.gpus_per_node)
     inside = {"slurm_python": python} if python and cluster == "slurm" else {}
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster, **inside)
+    nodes = cpus_per_task.node_shapes if cluster == "slurm" else cpus_per_task.no_nodes
     try:
-        executor.update_parameters(**executor_parameters(config.slurm), **extra)
+        executor.update_parameters(**executor_parameters(with_cpus(config.slurm, nodes)), **extra)
     except (ValueError, NameError, AssertionError) as err:
         raise ConfigError(f"submitit refused the slurm settings: {err}") from None
     return executor

@@ -97,7 +97,11 @@ class Trainer:
         meeting = time.perf_counter()
         with (
             joined(
-                env, dist_cfg.timeout_s, socket_ifname=dist_cfg.socket_ifname, refusal=refusal
+                env,
+                dist_cfg.timeout_s,
+                socket_ifname=dist_cfg.socket_ifname,
+                refusal=refusal,
+                pin_cpus=dist_cfg.pin_cpus,
             ) as done,
             _released(lock),
         ):
