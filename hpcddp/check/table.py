@@ -26,8 +26,12 @@ COLUMNS = (
 
 def _row(f: Mapping[str, Any]) -> list[str]:
     versions = f["versions"]
-    numa = f" numa {f['numa_node']}" if f.get("numa_node") is not None else ""
-    cpus = f"{f['cpus']} ({f['cpu_list']}{numa})" if f.get("cpu_list") else str(f["cpus"])
+    numa = f.get("numa_node")  # pinned near its GPU: which node, which CPUs
+    cpus = (
+        f"{f['cpus']} (numa {numa}: {f.get('cpu_list', '')})"
+        if numa is not None
+        else str(f["cpus"])
+    )
     gpu = f.get("gpu") or "-"  # its device and the UUID that tells it apart
     return [
         str(f["rank"]),

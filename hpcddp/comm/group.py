@@ -160,6 +160,7 @@ def joined(
     elif refusal is not None:
         raise refusal
     previous = export_env(env, meeting.network if meeting else None)
+    allowed = cpus.allowed_cpus()
     try:
         torch.set_num_threads(cpu_threads(env))
         pinning = pin_near_gpu(env, pin_cpus)
@@ -176,6 +177,7 @@ def joined(
             leave_together(finished)
     finally:
         restore_env(previous)
+        cpus.pin(cpus.Pinning(frozenset(allowed), None, "as before"), force=True)
 
 
 def _join_error(

@@ -92,9 +92,10 @@ def allowed_cpus() -> set[int]:
     return set(range(os.cpu_count() or 1))
 
 
-def pin(pinning: Pinning) -> None:
-    """Run this process (and the loader workers it starts later) on ``pinning.cpus``."""
-    if pinning.numa_node is not None and hasattr(os, "sched_setaffinity"):
+def pin(pinning: Pinning, force: bool = False) -> None:
+    """Run this process (and the loader workers it starts later) on ``pinning.cpus``: when it
+    found the GPU's NUMA node, or with ``force`` (putting a process back as it was)."""
+    if (force or pinning.numa_node is not None) and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, pinning.cpus)
 
 

@@ -169,7 +169,7 @@ def test_the_table_shows_each_ranks_gpu_and_cpus():
     for f in ranks:
         f.update(gpu=f"cuda:0 GPU-5f2b0c3e-{f['rank']}", cpus=16, cpu_list="0-15", numa_node=0)
     text = table.as_text(report(ranks), [])
-    assert "16 (0-15 numa 0)  cuda:0 GPU-5f2b0c3e-2" in text
+    assert "16 (numa 0: 0-15)  cuda:0 GPU-5f2b0c3e-2" in text
 
 
 def test_srun_cpus_per_task_pitfall_and_starving_loaders():

@@ -247,3 +247,42 @@ def test_cpu_on_purpose_or_no_gpus_given_trains_on_cpu():
     assert (
         resolve_env(none, devices=lambda: (), hostname="g1", ancestors=lambda: [1]).device == "cpu"
     )
+
+
+def test_the_meeting_gives_each_rank_the_device_rank_0_assigned():
+    """On a real store: under closest + block:cyclic, rank 2 guessed cuda:0 and gets cuda:1."""
+    import dataclasses
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    from hpcddp.comm import rendezvous
+
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=30))
+    results = {}
+
+    def one(rank):
+        environ = {
+            **slurm_task(rank, rank, 0, 1, 4),
+            "CUDA_VISIBLE_DEVICES": "0,1" if rank % 2 == 0 else "2,3",
+        }
+        table = seen_through(node_gpus("g1"), environ["CUDA_VISIBLE_DEVICES"])
+        env = resolve_env(environ, devices=lambda: table, hostname="g1", ancestors=lambda: [1])
+        env = dataclasses.replace(env, master_port=server.port)
+        store = server if rank == 0 else dist.TCPStore("127.0.0.1", server.port, None, False)
+        hello = dataclasses.replace(hello_of(env, environ), resolved=["127.0.0.1"])
+        hello = dataclasses.replace(hello, interfaces={"lo": ["127.0.0.1"]})
+        results[rank] = (env.device, rendezvous.meet(store, env, hello, 20.0, prefix="g").device)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {
+        0: ("cuda:0", "cuda:0"),
+        1: ("cuda:1", "cuda:0"),  # its socket's first GPU: the first rank there
+        2: ("cuda:0", "cuda:1"),  # socket 0's second rank: its second GPU, not rank 0's
+        3: ("cuda:1", "cuda:1"),
+    }
