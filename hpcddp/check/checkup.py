@@ -12,7 +12,7 @@ import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hpcddp.launch import hostlist
+from hpcddp.launch import gpus, hostlist
 
 EPHEMERAL = range(32768, 61000)
 MIN_FREE_MEMORY_GB = 1.0
@@ -161,16 +161,33 @@ def _mismatch(ranks: Sequence[Facts], name: str, severity: str) -> list[Problem]
 # -- devices and CPUs ------------------------------------------------------------------------
 
 
+def _views(facts: Sequence[Facts]) -> list[gpus.View]:
+    """The ranks' GPUs as the rendezvous saw them (`hpcddp.launch.gpus`)."""
+    return [
+        gpus.View(
+            f["rank"],
+            f["host"],
+            f["local_rank"],
+            tuple(gpus.Gpu(i, uuid) for i, uuid in enumerate(f.get("gpu_uuids") or [])),
+            f.get("gpu_index"),
+        )
+        for f in facts
+    ]
+
+
 def gpu_problems(ranks: Sequence[Facts], backend: str, gpus_asked: int) -> list[Problem]:
-    """GPUs visible against the node's ranks, and against what the job asked for."""
+    """Ranks on one GPU (by UUID: the rendezvous's rule), GPUs left idle, GPUs asked but unseen."""
     problems = []
+    views = _views(ranks)
+    chosen = {v.rank: v.index for v in views if v.index is not None}
+    if backend == "nccl":
+        problems += [
+            Problem("error", gpus.sharing_message(g, who)) for g, who in gpus.shared(views, chosen)
+        ]
     for host, facts in by_host(ranks).items():
-        visible, tasks = facts[0]["gpus_visible"], len(facts)
-        # Slurm bound GPUs per task when the ranks of a node see different ones (by UUID: with
-        # per-task binding each rank's only GPU is its number 0)
-        seen = {f.get("gpu_uuids") or f["gpu_ids"] for f in facts}
-        bound = len(seen) == tasks > 1
-        if gpus_asked and visible == 0:
+        visible = {u for f in facts for u in f.get("gpu_uuids") or []}
+        used = {f["gpu_uuids"][f["gpu_index"]] for f in facts if f.get("gpu_index") is not None}
+        if gpus_asked and facts[0]["gpus_visible"] == 0:
             problems.append(
                 Problem(
                     "error",
@@ -179,20 +196,13 @@ def gpu_problems(ranks: Sequence[Facts], backend: str, gpus_asked: int) -> list[
                     "--gpus-per-node.",
                 )
             )
-        elif backend == "nccl" and 0 < visible < tasks and not bound:
-            problems.append(
-                Problem(
-                    "error",
-                    f"{host}: {tasks} ranks share {visible} GPU(s); NCCL hangs when two ranks "
-                    "use one GPU. Fix: --gpus-per-task=1, or fewer --ntasks-per-node.",
-                )
-            )
-        elif visible > tasks and not bound:
+        elif used and len(visible) > len(used):
             problems.append(
                 Problem(
                     "warning",
-                    f"{host}: {visible} GPUs visible to {tasks} rank(s): {visible - tasks} stay "
-                    f"idle. Fix: --ntasks-per-node={visible}, or ask for {tasks} GPU(s).",
+                    f"{host}: {len(visible)} GPUs visible to {len(facts)} rank(s): "
+                    f"{len(visible) - len(used)} stay idle. Fix: "
+                    f"--ntasks-per-node={len(visible)}, or ask for {len(used)} GPU(s).",
                 )
             )
     return problems

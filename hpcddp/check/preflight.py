@@ -31,9 +31,9 @@ from hpcddp.comm import collectives
 from hpcddp.comm.group import Joined, joined
 from hpcddp.config import Config
 from hpcddp.errors import HpcddpError
-from hpcddp.launch import netif
+from hpcddp.launch import cpus, gpus, netif
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.launch.resolve import cpus_for_this_rank, place
+from hpcddp.launch.resolve import place
 
 SMALL_BYTES = 8  # the latency probe
 PAIR_BYTES = 4 << 20
@@ -76,29 +76,32 @@ def _existing(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def _gpus(environ: Mapping[str, str]) -> tuple[int, str, str]:
-    """How many GPUs this rank sees, their ids as CUDA numbers them here, and their UUIDs.
-
-    The UUIDs tell two ranks that each see "GPU 0" apart: with per-task binding every rank's
-    only GPU is number 0, yet they are different devices.
-    """
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if not visible:
-        return 0, "", ""
-    ids = environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(visible)))
-    uuids = []
-    for index in range(visible):
-        with contextlib.suppress(Exception):
-            uuids.append(str(torch.cuda.get_device_properties(index).uuid)[:8])
-    return visible, ids, ",".join(uuids)
+def _gpu_facts(env: DistEnv, device: torch.device, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The GPUs this rank sees (their UUIDs tell per-task GPUs apart: each rank's only GPU is
+    its number 0) and the one the rendezvous gave it, by the rule training uses."""
+    used = next((g for g in env.gpus if device.type == "cuda" and g.index == device.index), None)
+    ids = environ.get("CUDA_VISIBLE_DEVICES") or ",".join(str(g.index) for g in env.gpus)
+    return {
+        "gpus_visible": len(env.gpus),
+        "gpu_ids": ids if env.gpus else "",
+        "gpu_uuids": [g.uuid for g in env.gpus],
+        "gpu_index": used.index if used else None,
+        "gpu": gpus.describe(used),
+    }
 
 
-def _workers(config: Config, env: DistEnv, cpus: int, environ: Mapping[str, str]) -> int:
-    """The DataLoader workers the trainer would start (`hpcddp.train.data`'s rule)."""
-    if config.data.num_workers >= 0:
-        return config.data.num_workers
-    share = cpus_for_this_rank(env, environ)
-    return max((share if share is not None else cpus) - 1, 0)
+def _cpu_facts(env: DistEnv, done: Joined, config: Config, environ: Mapping[str, str]
+               ) -> dict[str, Any]:  # fmt: skip
+    """The CPUs this rank runs on (after pinning near its GPU) and the loader workers they allow."""
+    allowed = cpus.allowed_cpus()
+    pinning = done.pinning
+    workers = config.data.num_workers
+    return {
+        "cpus": len(allowed),
+        "cpu_list": cpus.format_cpulist(allowed),
+        "numa_node": pinning.numa_node if pinning else None,
+        "workers": workers if workers >= 0 else cpus.default_workers(env, environ, allowed),
+    }
 
 
 def _compute_ms(device: torch.device) -> float:
@@ -121,8 +124,6 @@ def rank_facts(
 ) -> dict[str, Any]:
     """This rank's row of the table, and what the rules need besides."""
     network = done.meeting.network if done.meeting else None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    visible, ids, uuids = _gpus(environ)
     run_dir = pathlib.Path(config.run.dir)
     slurm_cpus = environ.get("SLURM_CPUS_PER_TASK", "")
     return {
@@ -132,13 +133,10 @@ def rank_facts(
         "host": env.hostname,
         "launcher": env.launcher,
         "master_addr": env.master_addr,
-        "cpus": cpus or 1,
+        **_cpu_facts(env, done, config, environ),
         "slurm_cpus_per_task": int(slurm_cpus) if slurm_cpus.isdigit() else 0,
         "srun_cpus_per_task": environ.get("SRUN_CPUS_PER_TASK", ""),
-        "workers": _workers(config, env, cpus or 1, environ),
-        "gpus_visible": visible,
-        "gpu_ids": ids,
-        "gpu_uuids": uuids,
+        **_gpu_facts(env, done.device, environ),
         "interface": network.interface if network else "",
         "address": network.address if network else "",
         "link_mbps": netif.link_speed_mbps(network.interface) if network else 0,
@@ -283,7 +281,13 @@ def check(config: Config, size_mb: float = 16.0, env: DistEnv | None = None) -> 
         env = dataclasses.replace(env, backend=config.dist.backend)
     # the check's own collectives wait at most this long for a node that cannot keep up
     timeout_s = min(config.dist.timeout_s, 120.0)
-    with joined(env, timeout_s, socket_ifname=config.dist.socket_ifname, refusal=refusal) as done:
+    with joined(
+        env,
+        timeout_s,
+        socket_ifname=config.dist.socket_ifname,
+        refusal=refusal,
+        pin_cpus=config.dist.pin_cpus,
+    ) as done:
         torch.manual_seed(env.rank)
         report = _report(env, done, config, size_mb)
         found = checkup.problems(report) if report is not None else []

@@ -14,7 +14,7 @@ COLUMNS = (
     "host",
     "local",
     "cpus",
-    "gpus",
+    "gpu",
     "interface to master",
     "torch",
     "nccl",
@@ -26,13 +26,19 @@ COLUMNS = (
 
 def _row(f: Mapping[str, Any]) -> list[str]:
     versions = f["versions"]
-    gpus = f["gpu_ids"] if f["gpus_visible"] else "-"
+    numa = f.get("numa_node")  # pinned near its GPU: which node, which CPUs
+    cpus = (
+        f"{f['cpus']} (numa {numa}: {f.get('cpu_list', '')})"
+        if numa is not None
+        else str(f["cpus"])
+    )
+    gpu = f.get("gpu") or "-"  # its device and the UUID that tells it apart
     return [
         str(f["rank"]),
         f["host"],
         f"{f['local_rank']}/{f['local_world_size']}",
-        str(f["cpus"]),
-        gpus,
+        cpus,
+        gpu,
         f"{f['interface']} {f['address']}".strip() or "-",
         versions.get("torch") or "-",
         versions.get("nccl") or "-",

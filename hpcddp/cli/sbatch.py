@@ -8,6 +8,7 @@ from hpcddp import exit_codes
 from hpcddp.cli.args import add_slurm_options, split_config_and_overrides
 from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
+from hpcddp.slurm.cpus_per_task import node_shapes
 from hpcddp.slurm.jobscript import render, submit
 from hpcddp.slurm.options import OPTIONS
 
@@ -23,7 +24,13 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in OPTIONS}
     config = load_config(config_path, overrides)
     script = render(
-        config, config_path, overrides, python=args.python, options=options, check=args.check
+        config,
+        config_path,
+        overrides,
+        python=args.python,
+        options=options,
+        check=args.check,
+        node_shapes=node_shapes,  # a GPU job's default CPUs per task come from its nodes
     )
     if args.dry_run:
         print(script, end="")

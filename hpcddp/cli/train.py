@@ -86,6 +86,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(env, sort_keys=True), flush=True)
     else:
+        env["gpus"] = ",".join(g["uuid"] or str(g["index"]) for g in env["gpus"]) or "-"
         print(f"hpcddp env: {' '.join(f'{k}={v}' for k, v in env.items())}", flush=True)
     return exit_codes.OK
 

@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import pathlib
 import time
 from collections.abc import Iterator, Mapping
 
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from hpcddp.comm import rendezvous
 from hpcddp.comm.rendezvous import Meeting, Network
 from hpcddp.errors import DistributedError, HpcddpError
+from hpcddp.launch import cpus
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.netif import IFNAME_VARS
 from hpcddp.launch.resolve import cpus_for_this_rank
@@ -30,10 +32,11 @@ DEFAULT_TIMEOUT_S = 300.0  # five minutes, not gloo's thirty: a hang should end 
 
 @dataclasses.dataclass(frozen=True)
 class Joined:
-    """What joining gave this rank: its device and how it reaches the others."""
+    """What joining gave this rank: its device, how it reaches the others, its CPUs."""
 
     device: torch.device
     meeting: Meeting | None  # None in a world of one
+    pinning: cpus.Pinning | None = None  # None: a CPU rank, or pinning turned off
 
 
 def network_env(network: Network, environ: Mapping[str, str]) -> dict[str, str]:
@@ -95,6 +98,20 @@ def bind_device(env: DistEnv) -> torch.device:
     return device
 
 
+def pin_near_gpu(env: DistEnv, on: bool, sysfs: pathlib.Path = cpus.SYSFS) -> cpus.Pinning | None:
+    """Pin a GPU rank to the cores of its GPU's NUMA node (``dist.pin_cpus``), before any loader
+    worker starts (they inherit it); its intra-op threads then fit those cores."""
+    gpu = env.gpu
+    if not on or gpu is None:
+        return None
+    pinning = cpus.near_gpu(gpu, cpus.allowed_cpus(), sysfs)
+    cpus.pin(pinning)
+    if pinning.numa_node is not None:
+        torch.set_num_threads(min(torch.get_num_threads(), len(pinning.cpus)))
+    log.debug("CPUs %s: %s", cpus.format_cpulist(pinning.cpus), pinning.reason)
+    return pinning
+
+
 def init_group(env: DistEnv, timeout: datetime.timedelta, store: dist.Store | None) -> None:
     """init_process_group on the rendezvous store (an in-memory one in a world of one)."""
     device_id = torch.device(env.device) if env.backend == "nccl" else None
@@ -127,21 +144,26 @@ def joined(
     *,
     socket_ifname: str = "",
     refusal: HpcddpError | None = None,
+    pin_cpus: bool = True,
 ) -> Iterator[Joined]:
     """Meet, export, bind, join; yield the device and network; always leave, cleanly if possible.
 
     ``refusal`` is this rank's own reason not to run (found before joining): it is told to
-    every rank at the rendezvous, so all of them stop at once with the same error.
+    every rank at the rendezvous, so all of them stop at once with the same error. With
+    ``pin_cpus`` a GPU rank runs on the cores nearest its GPU (`pin_near_gpu`).
     """
     timeout = datetime.timedelta(seconds=timeout_s)
     meeting = None
     if env.world_size > 1:
         store, meeting = meet(env, timeout_s, socket_ifname, refusal)
+        env = dataclasses.replace(env, device=meeting.device)  # rank 0 spread the GPUs
     elif refusal is not None:
         raise refusal
     previous = export_env(env, meeting.network if meeting else None)
+    allowed = cpus.allowed_cpus()
     try:
         torch.set_num_threads(cpu_threads(env))
+        pinning = pin_near_gpu(env, pin_cpus)
         device = bind_device(env)
         try:
             init_group(env, timeout, store if meeting else None)
@@ -149,12 +171,13 @@ def joined(
             raise _join_error(env, meeting, err, timeout_s) from err
         finished = False
         try:
-            yield Joined(device, meeting)
+            yield Joined(device, meeting, pinning)
             finished = True
         finally:
             leave_together(finished)
     finally:
         restore_env(previous)
+        cpus.pin(cpus.Pinning(frozenset(allowed), None, "as before"), force=True)
 
 
 def _join_error(

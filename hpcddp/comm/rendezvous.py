@@ -11,6 +11,10 @@ The interface (`hpcddp.launch.netif`): the master's address is what the *other* 
 ``MASTER_ADDR`` to (on its own node the name may mean 127.0.1.1); a rank on the master's node
 takes the interface that carries that address, any other rank the one its kernel routes there
 through. ``dist.socket_ifname`` overrides it, then ``GLOO_SOCKET_IFNAME`` set by the user.
+
+The GPU (`hpcddp.launch.gpus`): every rank reports the UUIDs of the GPUs it sees; rank 0 gives
+ranks of one host that see the same GPUs distinct ones in local-rank order, and refuses, naming
+ranks, host and GPU, any GPU two NCCL ranks would share, before NCCL starts.
 """
 
 import collections
@@ -29,6 +33,7 @@ from hpcddp.comm.quiet import c10d_noise_filtered
 from hpcddp.errors import DistributedError, HpcddpError
 from hpcddp.launch import netif
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.launch.gpus import Gpu, View, assign, shared, sharing_message
 
 _rounds = itertools.count()  # every rank makes the same sequence of process groups
 POLL_S = 0.05
@@ -56,6 +61,17 @@ class Hello:
     interfaces: dict[str, list[str]]  # name -> IPv4 addresses
     user_ifname: str  # GLOO_SOCKET_IFNAME as the user set it ("" if not)
     refusal: list[str] | None = None  # [error class, message]
+    local_rank: int = 0
+    backend: str = "gloo"
+    device: str = "cpu"  # the rank's own choice: "cpu" or "cuda:N"
+    explicit: bool = False  # HPCDDP_DEVICE named the index: kept, only checked
+    gpus: list[dict[str, object]] = dataclasses.field(default_factory=list)  # `gpus.Gpu`s
+
+    def view(self) -> View:
+        """This rank's GPUs and choice, as `hpcddp.launch.gpus` reads them."""
+        index = int(self.device.partition(":")[2]) if self.device.startswith("cuda:") else None
+        table = tuple(Gpu(**g) for g in self.gpus)  # type: ignore[arg-type]
+        return View(self.rank, self.host, self.local_rank, table, index, self.explicit)
 
 
 def hello_of(env: DistEnv, environ: Mapping[str, str], refusal: BaseException | None) -> Hello:
@@ -76,6 +92,11 @@ def hello_of(env: DistEnv, environ: Mapping[str, str], refusal: BaseException | 
         interfaces={name: [a for a, _ in addrs] for name, addrs in table.items()},
         user_ifname=environ.get("GLOO_SOCKET_IFNAME", ""),
         refusal=told,
+        local_rank=env.local_rank,
+        backend=env.backend,
+        device=env.device,
+        explicit=environ.get("HPCDDP_DEVICE", "").startswith("cuda:"),
+        gpus=[dataclasses.asdict(g) for g in env.gpus],
     )
 
 
@@ -126,10 +147,11 @@ def _store_error(env: DistEnv, err: Exception, timeout_s: float, serve: bool) ->
 
 @dataclasses.dataclass(frozen=True)
 class Meeting:
-    """The outcome for one rank: its own network; on rank 0 also everyone's (for the log)."""
+    """The outcome for one rank: its own network and device; on rank 0 everyone's network."""
 
     network: Network
     everyone: dict[int, tuple[str, Network]]  # rank -> (host, network); rank 0 only
+    device: str = "cpu"  # "cuda:N" as rank 0 assigned it (`plan_devices`)
 
 
 def meet(
@@ -158,7 +180,8 @@ def meet(
         _linger_until_told(store, prefix, env)
         raise agreed_error(*plan["refusal"])
     network = Network(**json.loads(store.get(f"{prefix}/net/{env.rank}")))
-    return Meeting(network, everyone)
+    device = store.get(f"{prefix}/device/{env.rank}").decode()
+    return Meeting(network, everyone, device)
 
 
 def _linger_until_told(store: dist.Store, prefix: str, env: DistEnv, most_s: float = 5.0) -> None:
@@ -185,10 +208,14 @@ def _decide(
     """Rank 0: gather the hellos, then post either every rank's network or the refusal."""
     hellos, refusal = _gather(store, prefix, env, timeout_s)
     networks: dict[int, Network] = {}
+    devices: dict[int, str] = {}
     if refusal is None:
         networks, refusal = plan_networks(hellos, override)
+    if refusal is None:
+        devices, refusal = plan_devices(hellos)
     for rank, network in networks.items():
         store.set(f"{prefix}/net/{rank}", json.dumps(dataclasses.asdict(network)))
+        store.set(f"{prefix}/device/{rank}", devices.get(rank, hellos[rank].device))
     store.set(f"{prefix}/plan", json.dumps({"refusal": refusal}))
     return {rank: (hellos[rank].host, network) for rank, network in networks.items()}
 
@@ -316,6 +343,24 @@ def plan_networks(
         return networks, None
     lines = [f"({describe_ranks(who)}) {problem}" for problem, who in problems.items()]
     return {}, ["LaunchError", "\nhpcddp: error: ".join(lines)]
+
+
+def plan_devices(hellos: Mapping[int, Hello]) -> tuple[dict[int, str], list[str] | None]:
+    """Every rank's device (`hpcddp.launch.gpus.assign`), or the refusal naming each GPU
+    that NCCL ranks would share.
+
+    Only NCCL refuses two ranks on one GPU; gloo ranks may share one (slowly).
+    """
+    views = [h.view() for h in hellos.values()]
+    chosen = assign(views)
+    nccl = {rank for rank, hello in hellos.items() if hello.backend == "nccl"}
+    clashes = [(g, who) for g, who in shared(views, chosen) if {v.rank for v in who} & nccl]
+    if clashes:
+        lines = [sharing_message(gpu, who) for gpu, who in clashes]
+        return {}, ["LaunchError", "\nhpcddp: error: ".join(lines)]
+    devices = {rank: hello.device for rank, hello in hellos.items()}
+    devices.update({rank: f"cuda:{index}" for rank, index in chosen.items()})
+    return devices, None
 
 
 def _network_of(hello: Hello, ip: str, override: str) -> tuple[Network | None, str]:

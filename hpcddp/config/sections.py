@@ -246,6 +246,11 @@ class DistConfig:
         "network interface for gloo/NCCL (sets GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); a "
         "comma list takes the first each node has; empty: the one that routes to the master",
     )
+    pin_cpus: bool = setting(
+        True,
+        "pin each GPU rank to the CPUs of its GPU's NUMA node (sysfs), within those Slurm gave "
+        "it; false: leave the binding as it is",
+    )
 
     def __post_init__(self) -> None:
         if self.backend:
@@ -338,7 +343,9 @@ class SlurmConfig:
     nodes: int = setting(1, "nodes to run on")
     tasks_per_node: int = setting(1, "ranks per node")
     gpus_per_node: int = setting(0, "GPUs per node")
-    cpus_per_task: int = setting(1, "CPUs per rank")
+    cpus_per_task: int = setting(
+        0, "CPUs per rank; 0: 1 on CPU, on GPUs the node's cores over its GPUs (at most 16)"
+    )
     mem_gb: float = setting(0.0, "memory per node in GB; 0: the partition's default")
     time_min: int = setting(60, "time limit in minutes")
     partition: str = setting("", "partition; empty: the cluster's default")
@@ -367,11 +374,11 @@ class SlurmConfig:
             "slurm",
             nodes=self.nodes,
             tasks_per_node=self.tasks_per_node,
-            cpus_per_task=self.cpus_per_task,
             time_min=self.time_min,
         )
         _not_negative(
             "slurm",
+            cpus_per_task=self.cpus_per_task,
             gpus_per_node=self.gpus_per_node,
             mem_gb=self.mem_gb,
             signal_delay_s=self.signal_delay_s,

@@ -9,6 +9,9 @@ count) read that mapping, never ``os.environ``.
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
+
+from hpcddp.launch.gpus import Gpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +34,7 @@ class DistEnv:
     backend: str = "gloo"
     # the environment this place was resolved from (empty when built by hand: no Slurm job)
     environ: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    gpus: tuple[Gpu, ...] = ()  # the GPUs this process sees, in CUDA's order
 
     @property
     def slurm_job(self) -> str:
@@ -42,9 +46,18 @@ class DistEnv:
         """How often Slurm has requeued this job (SLURM_RESTART_COUNT; 0 outside Slurm)."""
         return int(self.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
-    def facts(self) -> dict[str, object]:
+    def facts(self) -> dict[str, Any]:
         """The resolved place as plain values (``hpcddp env``), the environment left out."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
+        plain = dataclasses.asdict(self)
+        return {f.name: plain[f.name] for f in dataclasses.fields(self) if f.compare}
+
+    @property
+    def gpu(self) -> Gpu | None:
+        """The GPU this rank uses (None on CPU)."""
+        if not self.device.startswith("cuda:"):
+            return None
+        index = int(self.device.partition(":")[2])
+        return next((g for g in self.gpus if g.index == index), None)
 
     @property
     def is_main(self) -> bool:

@@ -2,8 +2,9 @@
 
 The launch context places the process (`hpcddp.launch.contexts`); here the device and backend
 are chosen and the whole is checked, so an inconsistency is a `LaunchError` with a hint
-instead of a hang in ``init_process_group``. torch is imported only to count GPUs, inside
-`visible_cuda_devices`, so the login node never pays for it.
+instead of a hang in ``init_process_group``. torch is imported only to list GPUs, inside
+`hpcddp.launch.gpus.visible_gpus`, so the login node never pays for it. The device chosen here
+is this rank's own guess: the rendezvous, which sees every rank's GPUs, has the last word.
 """
 
 import dataclasses
@@ -13,7 +14,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 
 from hpcddp.errors import LaunchError
-from hpcddp.launch import leftovers
+from hpcddp.launch import gpus, leftovers
 from hpcddp.launch.contexts import CONTEXTS, HINTS
 from hpcddp.launch.distenv import DistEnv
 
@@ -21,13 +22,21 @@ BACKENDS = ("gloo", "nccl")
 _DEVICE = re.compile(r"cuda(:\d+)?")
 
 
+Table = Callable[[], Sequence[gpus.Gpu]]
+
+
 def visible_cuda_devices() -> int:
     """How many GPUs this process can see (0 without torch or CUDA)."""
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return len(gpus.visible_gpus())
+
+
+def _table(cuda_devices: Callable[[], int] | None, devices: Table | None) -> tuple[gpus.Gpu, ...]:
+    """The device table if one was given, else one from a bare count, else torch's."""
+    if devices is not None:
+        return tuple(devices())
+    if cuda_devices is not None:
+        return gpus.counted(cuda_devices())
+    return gpus.visible_gpus()
 
 
 def choose_device(local_rank: int, visible: int) -> str:
@@ -56,23 +65,23 @@ def cpus_for_this_rank(env: DistEnv, environ: Mapping[str, str]) -> int | None:
 
 
 def _device(
-    environ: Mapping[str, str], local_rank: int, cuda_devices: Callable[[], int]
-) -> tuple[str, int]:
-    """This rank's device and the GPU count it was chosen from (0 when none was counted).
+    environ: Mapping[str, str], local_rank: int, visible: int, why_no_gpu: Callable[..., str]
+) -> str:
+    """This rank's device, chosen from the ``visible`` GPUs.
 
     ``HPCDDP_DEVICE=cuda`` without an index means "CUDA, the usual choice of index", not
     ``cuda:0`` for every rank; an explicit device such as ``cpu`` or ``cuda:1`` is taken as is.
+    A rank that Slurm gave GPUs but that sees none is refused: it would train on CPU.
     """
     wanted = environ.get("HPCDDP_DEVICE")
     if wanted == "cpu":
-        return wanted, 0
+        return wanted
     if wanted and not _DEVICE.fullmatch(wanted):
         raise LaunchError(
             f"HPCDDP_DEVICE={wanted!r} is not a device hpcddp can use; expected cpu, cuda or "
             "cuda:N. HINT: HPCDDP_DEVICE=cuda picks each rank's GPU; unset it to choose "
             "automatically."
         )
-    visible = cuda_devices()
     if wanted and visible <= 0:
         raise LaunchError(
             f"HPCDDP_DEVICE={wanted} but this process sees no GPU. HINT: request GPUs "
@@ -86,20 +95,21 @@ def _device(
                 f"(cuda:0 to cuda:{visible - 1}). HINT: HPCDDP_DEVICE=cuda picks each rank's "
                 "GPU by its local rank; indices count the GPUs in CUDA_VISIBLE_DEVICES."
             )
-        return wanted, 0
-    return choose_device(local_rank, visible), visible
+        return wanted
+    if visible <= 0 and gpus.slurm_gave_gpus(environ):
+        raise LaunchError(why_no_gpu(environ))
+    return choose_device(local_rank, visible)
 
 
-def _check_gpu_per_rank(p: DistEnv, visible: int, environ: Mapping[str, str]) -> None:
-    """Refuse a node with more NCCL ranks than GPUs: two ranks on one GPU hang NCCL.
+def _check_gpu_per_rank(p: DistEnv, visible: int) -> None:
+    """Refuse a task with more NCCL ranks than GPUs: two ranks on one GPU hang NCCL.
 
     Ranks that share one task (torchrun, a local launch) see the same GPUs, so fewer GPUs than
-    ranks means sharing. A Slurm task may instead be bound to GPUs of its own: one visible GPU,
-    or ``--gpus-per-task``, says nothing about its neighbours, so those are let through.
+    ranks means sharing. A Slurm task may instead be bound to GPUs of its own
+    (``--gpus-per-task``, ``--gpu-bind=closest``, ``map_gpu``): what it sees says nothing about
+    its neighbours, so the rendezvous decides by the GPUs' UUIDs (`hpcddp.launch.gpus`).
     """
-    if not 0 < visible < p.local_world_size:
-        return
-    if p.launcher == "slurm" and (visible == 1 or environ.get("SLURM_GPUS_PER_TASK")):
+    if not 0 < visible < p.local_world_size or p.launcher == "slurm":
         return
     raise LaunchError(
         f"{p.launcher}: {p.local_world_size} ranks on this node but this rank sees only "
@@ -136,9 +146,9 @@ def _place(environ: Mapping[str, str], ancestors: Callable[[], Sequence[int]]) -
 
 
 def _device_and_backend(
-    environ: Mapping[str, str], placement: DistEnv, cuda_devices: Callable[[], int]
+    environ: Mapping[str, str], placement: DistEnv, visible: int, why_no_gpu: Callable[..., str]
 ) -> tuple[str, str]:
-    device, visible = _device(environ, placement.local_rank, cuda_devices)
+    device = _device(environ, placement.local_rank, visible, why_no_gpu)
     backend = environ.get("HPCDDP_BACKEND") or ("nccl" if device.startswith("cuda") else "gloo")
     if backend not in BACKENDS:
         raise LaunchError(
@@ -147,7 +157,7 @@ def _device_and_backend(
         )
     check_backend(backend, device, "HPCDDP_BACKEND" if "HPCDDP_BACKEND" in environ else "")
     if backend == "nccl":
-        _check_gpu_per_rank(placement, visible, environ)
+        _check_gpu_per_rank(placement, visible)
     return device, backend
 
 
@@ -168,9 +178,11 @@ def check_backend(backend: str, device: str, chosen_by: str) -> None:
 def place(
     environ: Mapping[str, str] | None = None,
     *,
-    cuda_devices: Callable[[], int] = visible_cuda_devices,
+    cuda_devices: Callable[[], int] | None = None,
+    devices: Table | None = None,
     hostname: str | None = None,
     ancestors: Callable[[], Sequence[int]] = leftovers.ancestor_pids,
+    why_no_gpu: Callable[[Mapping[str, str]], str] = gpus.why_no_gpu,
 ) -> tuple[DistEnv, LaunchError | None]:
     """This process's place in the job, and its own reason not to run, if it has one.
 
@@ -181,11 +193,12 @@ def place(
     """
     environ = os.environ if environ is None else environ
     placement = _place(environ, ancestors)
+    table = _table(cuda_devices, devices)
     placement = dataclasses.replace(
-        placement, hostname=hostname or socket.gethostname(), environ=dict(environ)
+        placement, hostname=hostname or socket.gethostname(), environ=dict(environ), gpus=table
     )
     try:
-        device, backend = _device_and_backend(environ, placement, cuda_devices)
+        device, backend = _device_and_backend(environ, placement, len(table), why_no_gpu)
     except LaunchError as refusal:
         return placement, refusal
     return dataclasses.replace(placement, device=device, backend=backend), None
@@ -194,17 +207,27 @@ def place(
 def resolve_env(
     environ: Mapping[str, str] | None = None,
     *,
-    cuda_devices: Callable[[], int] = visible_cuda_devices,
+    cuda_devices: Callable[[], int] | None = None,
+    devices: Table | None = None,
     hostname: str | None = None,
     ancestors: Callable[[], Sequence[int]] = leftovers.ancestor_pids,
+    why_no_gpu: Callable[[Mapping[str, str]], str] = gpus.why_no_gpu,
 ) -> DistEnv:
     """Resolve this process's place in the job from its environment (``os.environ`` by default).
 
     ``HPCDDP_DEVICE`` (``cpu``, ``cuda`` for the usual GPU choice, or ``cuda:N``) and
     ``HPCDDP_BACKEND`` (``gloo``/``nccl``) override the automatic choice of nccl on CUDA and
-    gloo otherwise.
+    gloo otherwise. The GPUs come from ``devices`` (a table: index, UUID, name, PCI bus id),
+    else ``cuda_devices`` (a count, without UUIDs), else torch.
     """
-    env, refusal = place(environ, cuda_devices=cuda_devices, hostname=hostname, ancestors=ancestors)
+    env, refusal = place(
+        environ,
+        cuda_devices=cuda_devices,
+        devices=devices,
+        hostname=hostname,
+        ancestors=ancestors,
+        why_no_gpu=why_no_gpu,
+    )
     if refusal is not None:
         raise refusal
     return env

@@ -24,14 +24,15 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcddp import __version__, exit_codes
 from hpcddp.config import Config, SlurmConfig
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, HpcddpError, LaunchError
-from hpcddp.slurm.container import pyxis_args, wrapper_args
+from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
+from hpcddp.slurm.cpus_per_task import NodeShape, no_nodes, with_cpus
 from hpcddp.slurm.options import sbatch_options, with_options
 
 _PLACEHOLDER = re.compile(r"\{\{ (\w+) \}\}")
@@ -83,12 +84,16 @@ def container_lines(container: ContainerConfig, gpus_per_node: int) -> str:
     """Bash arrays: ``container`` (the command prefix of every rank) and ``helper`` (how this
     shell runs hpcddp's Python helpers), and for pyxis the srun options that enter the image."""
     wrapper = wrapper_args(container, gpus_per_node)
+    gpus = "".join(
+        f"# Whenever Slurm gave the job GPUs, the container gets them\n{line}\n"
+        for line in gpu_lines(container)
+    )
     if wrapper:
-        return f'container=({shlex.join(wrapper)})\nhelper=("${{container[@]}}" "$PYTHON")'
+        return f'{gpus}container=({shlex.join(wrapper)})\nhelper=("${{container[@]}}" "$PYTHON")'
     pyxis = pyxis_args(container)
     if pyxis:
         options = f'{shlex.join(pyxis)} "--container-workdir=$PWD"'
-        return "\n".join(
+        return gpus + "\n".join(
             [
                 "container=()",
                 f"srun_args+=({options})",
@@ -109,6 +114,7 @@ def render(
     command: Sequence[str] | None = None,
     fixed_ranks: bool = True,
     check: bool = False,
+    node_shapes: Callable[[str], Sequence[NodeShape]] = no_nodes,
 ) -> str:
     """A complete sbatch script that trains ``config_path`` with ``overrides``.
 
@@ -117,10 +123,12 @@ def render(
     Under torchrun the ranks per node are ``slurm.tasks_per_node``, or with ``fixed_ranks=False``
     derived when the job starts (from NPROC_PER_NODE, the node's GPUs or the task's CPUs).
     With ``check`` the job runs the pre-flight (`hpcddp check`) instead of training.
+    ``node_shapes`` describes the partition's nodes, for a GPU job's default CPUs per task
+    (`hpcddp.slurm.cpus_per_task`; `hpcddp sbatch` asks sinfo).
     """
     options = dict(options or {})
     _check_overrides(overrides)
-    slurm = with_options(config.slurm, options)
+    slurm = with_cpus(with_options(config.slurm, options), node_shapes)
     if command is None:
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items() if v is not None]
         flags += ["--check"] if check else []

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from hpcddp.config import SlurmConfig
 from hpcddp.errors import ConfigError
+from hpcddp.slurm import cpus_per_task
 
 
 class SlurmOption(NamedTuple):
@@ -144,12 +145,13 @@ def sbatch_options(slurm: SlurmConfig) -> list[str]:
             f"slurm.time_min={slurm.time_min} minutes, so the job would be "
             "signalled at once. HINT: lower slurm.signal_delay_s or raise time_min."
         )
+    per_rank = cpus_per_task.per_rank(slurm, ())  # 0 in the config: hpcddp's default
     tasks, cpus = (
-        (1, slurm.cpus_per_task * slurm.tasks_per_node)
+        (1, per_rank * slurm.tasks_per_node)
         if torchrun
         else (
             slurm.tasks_per_node,
-            slurm.cpus_per_task,
+            per_rank,
         )
     )
     opts = (

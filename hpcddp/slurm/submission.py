@@ -34,9 +34,11 @@ from hpcddp.config import Config, SlurmConfig, apply_overrides, from_dict, load_
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, LaunchError
 from hpcddp.outcome import RunOutcome
+from hpcddp.slurm import cpus_per_task
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
-from hpcddp.slurm.container import pyxis_args, wrapper_args
+from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
+from hpcddp.slurm.cpus_per_task import with_cpus
 from hpcddp.slurm.options import refuse_own_option
 from hpcddp.slurm.tasks import CheckTask, TrainTask
 
@@ -141,13 +143,18 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
         "name": slurm.job_name,
         "nodes": slurm.nodes,
         "tasks_per_node": slurm.tasks_per_node,
-        "cpus_per_task": slurm.cpus_per_task,
+        "cpus_per_task": cpus_per_task.per_rank(slurm, ()),
         "timeout_min": slurm.time_min,
         "slurm_signal_delay_s": slurm.signal_delay_s,
         # One dead rank ends the step instead of leaving the others waiting in a collective.
         "slurm_srun_args": ["--kill-on-bad-exit=1", *pyxis_args(slurm.container)],
         # Since Slurm 22.05 srun no longer inherits --cpus-per-task; without this, loaders starve.
-        "slurm_setup": ["export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}", *slurm.setup],
+        # The container gets the GPUs whenever Slurm gave some (hpcddp.slurm.container).
+        "slurm_setup": [
+            "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}",
+            *gpu_lines(slurm.container),
+            *slurm.setup,
+        ],
         # The trainer checkpoints on SIGUSR2 and requeues with `scontrol requeue`.
         "slurm_additional_parameters": {"requeue": True, **slurm.extra},
     }
@@ -232,8 +239,9 @@ def _executor(config: Config, cluster: str, **extra: Any) -> submitit.AutoExecut
     python = container_python(config.slurm.container, config.slurm.gpus_per_node)
     inside = {"slurm_python": python} if python and cluster == "slurm" else {}
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster, **inside)
+    nodes = cpus_per_task.node_shapes if cluster == "slurm" else cpus_per_task.no_nodes
     try:
-        executor.update_parameters(**executor_parameters(config.slurm), **extra)
+        executor.update_parameters(**executor_parameters(with_cpus(config.slurm, nodes)), **extra)
     except (ValueError, NameError, AssertionError) as err:
         raise ConfigError(f"submitit refused the slurm settings: {err}") from None
     return executor

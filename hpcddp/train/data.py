@@ -6,17 +6,17 @@ DataLoader without ``generator=`` does, and the weights then drift after a resum
 """
 
 import os
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Iterator, Mapping, Set, Sized
 from typing import Any
 
-import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from hpcddp.config import DataConfig
 from hpcddp.errors import ConfigError
+from hpcddp.launch import cpus
+from hpcddp.launch.cpus import default_workers
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.launch.resolve import cpus_for_this_rank
 
 
 def split_datasets(made: Any) -> tuple[Any, Any]:
@@ -82,17 +82,14 @@ class EvalShard(Sampler[int]):
         return len(self.indices)
 
 
-def default_num_workers(env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
-    """Workers per rank: this rank's share of its Slurm task's CPUs, else of this node's cores.
-
-    One CPU stays with the training process itself.
+def default_num_workers(
+    env: DistEnv, environ: Mapping[str, str] | None = None, allowed: Set[int] | None = None
+) -> int:
+    """Workers per rank from the CPUs this rank was given (`hpcddp.launch.cpus.default_workers`):
+    its CPU binding (after pinning near its GPU), never more than its share of --cpus-per-task.
     """
     environ = os.environ if environ is None else environ
-    cpus = cpus_for_this_rank(env, environ)
-    if cpus is not None:
-        return max(cpus - 1, 0)
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    return max(cores // max(env.local_world_size, 1) - 1, 0)
+    return default_workers(env, environ, cpus.allowed_cpus() if allowed is None else allowed)
 
 
 def make_train_loader(

@@ -97,7 +97,11 @@ class Trainer:
         meeting = time.perf_counter()
         with (
             joined(
-                env, dist_cfg.timeout_s, socket_ifname=dist_cfg.socket_ifname, refusal=refusal
+                env,
+                dist_cfg.timeout_s,
+                socket_ifname=dist_cfg.socket_ifname,
+                refusal=refusal,
+                pin_cpus=dist_cfg.pin_cpus,
             ) as done,
             _released(lock),
         ):
@@ -174,7 +178,7 @@ def _log_place(env: DistEnv, done: Joined) -> None:
         env.local_rank,
         env.node_rank,
         env.num_nodes,
-        env.device,
+        done.device,  # the rendezvous may have given this rank another GPU than it guessed
         env.backend,
         env.master_addr,
         env.master_port,

@@ -2,8 +2,6 @@
 
 import copy
 
-import pytest
-
 from hpcddp.check import checkup, table
 
 N1 = {"lo": ["127.0.0.1"], "ib0": ["172.31.0.11"], "eth0": ["10.0.0.11"]}
@@ -82,8 +80,8 @@ def test_a_healthy_job_has_no_problems_and_says_it_would_train():
     text = table.as_text(good, [])
     assert text.splitlines()[-1] == "no problems found: the job should train."
     header = text.splitlines()[2].split()
-    assert header[:5] == ["rank", "host", "local", "cpus", "gpus"]
-    assert "2     n2    0/2    4     -     ens4 10.0.0.12" in text
+    assert header[:5] == ["rank", "host", "local", "cpus", "gpu"]
+    assert "2     n2    0/2    4     -    ens4 10.0.0.12" in text
     assert "node pairs (4 MB each way): n1 -> n2 14 Gb/s, n2 -> n1 15 Gb/s" in text
 
 
@@ -122,35 +120,56 @@ def test_mismatched_torch_is_an_error_naming_each_version_and_its_nodes():
     assert text.splitlines()[-1] == "1 error(s), 0 warning(s): the job would not train."
 
 
-@pytest.mark.parametrize(
-    "facts, backend, asked, words",
-    [
-        (
-            {"gpus_visible": 0},
-            "gloo",
-            4,
-            "error: n1: slurm.gpus_per_node=4 but its ranks see no GPU",
-        ),
-        ({"gpus_visible": 1}, "nccl", 0, "error: n1: 2 ranks share 1 GPU(s); NCCL hangs"),
-        (
-            {"gpus_visible": 4, "gpu_ids": "0,1,2,3"},
-            "nccl",
-            0,
-            "warning: n1: 4 GPUs visible to 2 rank(s): 2 stay idle",
-        ),
-    ],
-)
-def test_gpus_against_tasks(facts, backend, asked, words):
-    ranks = with_ranks(n1=facts, n2={"gpus_visible": 2, "gpu_ids": "0,1"} if asked == 0 else facts)
-    found = checkup.gpu_problems(ranks, backend, asked)
-    assert lines(found)[0].startswith(words)
+def on_gpus(uuids_by_rank, chosen):
+    """Facts for ranks 0-1 on n1 and 2-3 on n2, each seeing ``uuids_by_rank[r]``."""
+    return [
+        rank(
+            r,
+            "n1" if r < 2 else "n2",
+            gpus_visible=len(uuids_by_rank[r]),
+            gpu_ids=",".join(map(str, range(len(uuids_by_rank[r])))),
+            gpu_uuids=uuids_by_rank[r],
+            gpu_index=chosen[r],
+        )
+        for r in range(4)
+    ]
 
 
-def test_per_task_gpus_are_told_apart_by_uuid_not_by_number():
-    bound = [rank(r, "n1", gpus_visible=1, gpu_ids="0", gpu_uuids=f"uuid-{r}") for r in range(2)]
-    assert checkup.gpu_problems(bound, "nccl", 2) == []
-    shared = [rank(r, "n1", gpus_visible=1, gpu_ids="0", gpu_uuids="uuid-0") for r in range(2)]
-    assert lines(checkup.gpu_problems(shared, "nccl", 1))[0].startswith("error: n1: 2 ranks share")
+def test_asked_gpus_that_no_rank_sees_are_an_error():
+    found = checkup.gpu_problems(with_ranks(), "gloo", 4)
+    assert lines(found)[0].startswith("error: n1: slurm.gpus_per_node=4 but its ranks see no GPU")
+
+
+def test_ranks_on_one_gpu_are_the_rendezvous_error_naming_ranks_host_and_gpu():
+    one = {r: ["GPU-a" if r < 2 else "GPU-b"] for r in range(4)}  # --gpus-per-node=1
+    found = lines(checkup.gpu_problems(on_gpus(one, dict.fromkeys(range(4), 0)), "nccl", 1))
+    assert found[0].startswith("error: ranks 0, 1 on n1 would all use GPU GPU-a")
+    assert found[1].startswith("error: ranks 2, 3 on n2 would all use GPU GPU-b")
+    assert checkup.gpu_problems(on_gpus(one, dict.fromkeys(range(4), 0)), "gloo", 1) == []
+
+
+def test_per_task_and_per_socket_gpus_are_told_apart_by_uuid_not_by_number():
+    per_task = {r: [f"GPU-{r}"] for r in range(4)}  # every rank's only GPU is its number 0
+    assert checkup.gpu_problems(on_gpus(per_task, dict.fromkeys(range(4), 0)), "nccl", 1) == []
+    # --gpu-bind=closest: each rank sees its socket's 2 GPUs, fewer than the node's ranks
+    closest = {0: ["GPU-0", "GPU-1"], 1: ["GPU-0", "GPU-1"], 2: ["GPU-2", "GPU-3"]}
+    closest[3] = closest[2]
+    assert checkup.gpu_problems(on_gpus(closest, {0: 0, 1: 1, 2: 0, 3: 1}), "nccl", 2) == []
+
+
+def test_gpus_no_rank_uses_are_a_warning():
+    node = {r: [f"GPU-{r // 2}{i}" for i in range(4)] for r in range(4)}  # 4 on each node
+    found = lines(checkup.gpu_problems(on_gpus(node, {0: 0, 1: 1, 2: 0, 3: 1}), "nccl", 4))
+    assert len(found) == 2
+    assert found[0].startswith("warning: n1: 4 GPUs visible to 2 rank(s): 2 stay idle")
+
+
+def test_the_table_shows_each_ranks_gpu_and_cpus():
+    ranks = on_gpus({r: ["GPU-5f2b0c3e-aaaa"] * 1 for r in range(4)}, dict.fromkeys(range(4), 0))
+    for f in ranks:
+        f.update(gpu=f"cuda:0 GPU-5f2b0c3e-{f['rank']}", cpus=16, cpu_list="0-15", numa_node=0)
+    text = table.as_text(report(ranks), [])
+    assert "16 (numa 0: 0-15)  cuda:0 GPU-5f2b0c3e-2" in text
 
 
 def test_srun_cpus_per_task_pitfall_and_starving_loaders():

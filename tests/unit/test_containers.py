@@ -54,7 +54,7 @@ def job(tmp_path):
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
     }
 
-    def run(slurm, *args, srun=None, check=False):
+    def run(slurm, *args, srun=None, check=False, environ=None):
         import subprocess
 
         if srun is not None:
@@ -66,7 +66,9 @@ def job(tmp_path):
         text = jobscript.render(slurm_config, str(config), [], python=sys.executable, check=check)
         script.write_text(text)
         command = ["bash", str(script), *args]
-        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            command, env={**env, **(environ or {})}, capture_output=True, text=True, timeout=120
+        )
 
     return run
 
@@ -83,6 +85,31 @@ def test_ranks_run_inside_apptainer_after_the_setup_lines(job, tmp_path):
     assert srun[:8] == ["--kill-on-bad-exit=1", "apptainer", "exec", "--nv", *binds]
     assert srun[8:10] == ["--writable-tmpfs", image]
     assert srun[10:14] == [sys.executable, "-m", "hpcddp", "train"]
+
+
+# srun that records what the container runtime will read from its environment
+GPU_ENV_SRUN = RECORD + (
+    'printf "%s|%s\\n" "${APPTAINER_NV:-}" "${NVIDIA_VISIBLE_DEVICES:-}" > "$STUB_DIR/gpu-env"\n'
+)
+
+
+@pytest.mark.parametrize(
+    "container, slurm_env, seen",
+    [
+        (APPTAINER["container"], {"SLURM_JOB_GPUS": "0,1"}, "1|"),
+        (APPTAINER["container"], {"SLURM_GPUS_ON_NODE": "4"}, "1|"),
+        (APPTAINER["container"], {"SLURM_GPUS_ON_NODE": "0"}, "|"),
+        (PYXIS["container"], {"SLURM_JOB_GPUS": "3"}, "|all"),
+        (PYXIS["container"], {}, "|"),
+    ],
+)
+def test_the_container_gets_the_gpus_whenever_slurm_gave_some(
+    job, tmp_path, container, slurm_env, seen
+):
+    # rendered without slurm.gpus_per_node: `sbatch --gpus-per-node=2 job.sbatch` still gets them
+    done = job({"container": container}, srun=GPU_ENV_SRUN, environ=slurm_env)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "gpu-env").read_text().strip() == seen
 
 
 def test_pyxis_enters_the_image_through_srun_options(job, tmp_path):
@@ -160,7 +187,9 @@ def test_submit_starts_python_inside_apptainer_and_asks_srun_for_pyxis(tmp_path)
     from hpcddp.slurm import submission
 
     config = from_dict({"run": {"dir": str(tmp_path)}, "slurm": {**APPTAINER, "gpus_per_node": 1}})
-    assert submission.executor_parameters(config.slurm)["slurm_setup"][1:] == APPTAINER["setup"]
+    setup = submission.executor_parameters(config.slurm)["slurm_setup"]
+    assert setup[2:] == APPTAINER["setup"]
+    assert "SLURM_JOB_GPUS" in setup[1] and "export APPTAINER_NV=1" in setup[1]
     executor = submission._executor(config, "slurm")
     image = shlex.quote(APPTAINER["container"]["image"])
     assert executor._executor.python == (

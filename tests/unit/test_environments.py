@@ -325,7 +325,6 @@ def torchrun_rank(local_rank, local_world, **extra):
             {"HPCDDP_LOCAL_RANK": "0", "HPCDDP_LOCAL_WORLD_SIZE": "3", "HPCDDP_LOCAL_JOB_ID": "77"},
             1,
         ),
-        (slurm_step(0, 0, 0), 2),  # 3 tasks on node 0, each sees the same 2 GPUs
     ],
 )
 def test_more_nccl_ranks_than_gpus_on_a_node_is_refused(environ, gpus):
@@ -344,6 +343,9 @@ def test_more_nccl_ranks_than_gpus_on_a_node_is_refused(environ, gpus):
         (torchrun_rank(3, 4), 4),
         (slurm_step(0, 0, 0), 1),  # Slurm bound one GPU to each task
         (slurm_step(0, 0, 0, SLURM_GPUS_PER_TASK="2"), 2),
+        # 3 tasks see 2 GPUs each: --gpu-bind=closest or sharing; the rendezvous tells them
+        # apart by UUID (tests/unit/test_gpu_binding.py)
+        (slurm_step(0, 0, 0), 2),
     ],
 )
 def test_enough_gpus_or_bound_gpus_are_accepted(environ, gpus):
