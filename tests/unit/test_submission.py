@@ -405,6 +405,21 @@ def test_status_after_the_job_left_slurm_comes_from_the_index_and_files(tmp_path
     assert job_status.job_status("77", forgotten)[0].state == "FAILED"
 
 
+def test_a_stopped_outcome_in_the_result_pickle_is_stopped(tmp_path):
+    """The task's typed outcome, as submitit pickled it, says STOPPED; a finished one does not."""
+    from hpcddp.outcome import RunOutcome, StopReason
+
+    record = make_record(tmp_path)
+    forgotten = fake_run({"scontrol": (1, "", "Invalid job id specified")})
+    with record.result_pickle().open("wb") as handle:
+        pickle.dump(("success", RunOutcome(step=3, stop=StopReason.TERMINATED)), handle)
+    assert job_status.job_status("77", forgotten)[0].state == "STOPPED"
+    with record.result_pickle().open("wb") as handle:
+        pickle.dump(("success", RunOutcome(step=9, summary={"steps": 9})), handle)
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    assert job_status.job_status("77", forgotten)[0].state == "COMPLETED"
+
+
 def test_a_summary_older_than_the_submission_is_a_previous_runs(tmp_path):
     make_record(tmp_path, submitted_at=time.time() + 3600)
     (tmp_path / "run" / "summary.json").write_text("{}")
