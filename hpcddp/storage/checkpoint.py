@@ -18,8 +18,8 @@ Why ``torch.save`` writes into a hashing sink (`digest.ChunkHashingSink`, an
 (no second copy of the model in memory, no second pass) and keeps the real ``OSError(ENOSPC)``;
 torch itself reports a full disk only as ``RuntimeError: [enforce fail at
 inline_container.cc:672] . unexpected pos N vs M``, with no errno. The generic durable-write
-machinery (temp files, fsyncs, renames) lives in ``hpcddp.atomic``; this module decides names,
-sidecars, ordering, pruning and what resume may load.
+machinery (temp files, fsyncs, renames) lives in ``hpcddp.storage.atomic``; this module decides
+names, sidecars, ordering, pruning and what resume may load.
 
 Loading verifies the digest in one streaming read (a fixed buffer, never the whole file in
 memory), which also leaves the file in the page cache, then maps it
