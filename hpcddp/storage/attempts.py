@@ -11,16 +11,14 @@ import json
 import logging
 import os
 import pathlib
-import re
 import time
 from typing import Any
+
+from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, SIDECAR_SUFFIX
 
 log = logging.getLogger(__name__)
 
 FILE = "attempts.jsonl"
-# The names `hpcddp.storage.checkpoint.CheckpointStore` gives complete checkpoints (the .pt and
-# its .sha256 sidecar); a test keeps the two in step.
-_CHECKPOINT = re.compile(r"^step-(\d{8,})\.pt$")
 
 
 def saved_step(run_dir: str | os.PathLike[str]) -> int:
@@ -30,7 +28,8 @@ def saved_step(run_dir: str | os.PathLike[str]) -> int:
         names = set(os.listdir(folder))
     except OSError:
         return 0
-    steps = [int(m[1]) for n in names if (m := _CHECKPOINT.match(n)) and f"{n}.sha256" in names]
+    complete = [m for n in names if (m := CHECKPOINT_NAME.match(n)) and n + SIDECAR_SUFFIX in names]
+    steps = [int(m[1]) for m in complete]
     return max(steps, default=0)
 
 

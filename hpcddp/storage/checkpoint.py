@@ -44,11 +44,10 @@ import torch
 
 from hpcddp.errors import CheckpointError
 from hpcddp.storage import atomic, digest, mapped
+from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, SIDECAR_SUFFIX, file_name
 
 log = logging.getLogger(__name__)
 
-_NAME_RE = re.compile(r"^step-(\d{8,})\.pt$")  # Temp files start with a dot: never a match.
-_SIDECAR_SUFFIX = ".sha256"
 _READ_CHUNK_BYTES = 8 << 20  # one buffer, refilled: verification holds no copy of the file
 _DISK_FULL_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}
 
@@ -74,7 +73,7 @@ class CheckpointStore:
 
     def path_for(self, step: int) -> pathlib.Path:
         """Final path of the checkpoint for ``step``."""
-        return self.directory / f"step-{step:08d}.pt"
+        return self.directory / file_name(step)
 
     # -- listing --------------------------------------------------------------------------------
 
@@ -89,7 +88,9 @@ class CheckpointStore:
                 f"cannot list checkpoint directory {self.directory}: {exc}. "
                 "HINT: check that run.dir points at a readable directory."
             ) from exc
-        found = [(int(m.group(1)), self.directory / n) for n in names if (m := _NAME_RE.match(n))]
+        found = [
+            (int(m.group(1)), self.directory / n) for n in names if (m := CHECKPOINT_NAME.match(n))
+        ]
         return sorted(found)
 
     def latest_step(self) -> int | None:
@@ -275,7 +276,7 @@ def _check_step(step: int) -> None:
 
 def _sidecar(path: pathlib.Path) -> pathlib.Path:
     """The integrity record that belongs to checkpoint ``path``."""
-    return path.with_name(path.name + _SIDECAR_SUFFIX)
+    return path.with_name(path.name + SIDECAR_SUFFIX)
 
 
 def _sidecar_text(path: pathlib.Path, digests: list[str]) -> bytes:
@@ -400,12 +401,12 @@ def _to(obj, device):
 def _is_debris(path: pathlib.Path) -> bool:
     """A temp file whose writer is dead, or a sidecar whose checkpoint was never renamed."""
     if (final := atomic.temp_target(path.name)) is not None:
-        return bool(_NAME_RE.match(final.removesuffix(_SIDECAR_SUFFIX))) and (
+        return bool(CHECKPOINT_NAME.match(final.removesuffix(SIDECAR_SUFFIX))) and (
             atomic.temp_writer_is_dead(path)
         )
-    if path.name.endswith(_SIDECAR_SUFFIX):
-        payload = path.with_name(path.name.removesuffix(_SIDECAR_SUFFIX))
-        return bool(_NAME_RE.match(payload.name)) and not payload.exists()
+    if path.name.endswith(SIDECAR_SUFFIX):
+        payload = path.with_name(path.name.removesuffix(SIDECAR_SUFFIX))
+        return bool(CHECKPOINT_NAME.match(payload.name)) and not payload.exists()
     return False
 
 

@@ -669,3 +669,66 @@ def test_submit_refuses_torchrun_in_one_line():
 
     with pytest.raises(ConfigError, match="slurm.launcher=torchrun.*HINT: hpcddp sbatch"):
         submission.resolve_config(slurm_config(launcher="torchrun"))
+
+
+# --- one request, two spellings --------------------------------------------------------------
+
+BIG = {
+    "nodes": 4,
+    "tasks_per_node": 8,
+    "gpus_per_node": 8,
+    "cpus_per_task": 6,
+    "mem_gb": 1.5,
+    "time_min": 90,
+    "partition": "gpu",
+    "account": "proj1",
+    "qos": "high",
+    "job_name": "big",
+    "signal_delay_s": 60,
+    "extra": {"constraint": "a100"},
+}
+
+
+@pytest.mark.parametrize("slurm", [{}, BIG], ids=["defaults", "every-field"])
+def test_sbatch_and_submitit_spell_one_request(slurm):
+    from hpcddp.slurm import submission
+
+    config = from_dict({"slurm": slurm}).slurm
+    lines = dict(o[2:].split("=", 1) for o in options.sbatch_options(config) if "=" in o)
+    params = submission.executor_parameters(config)
+    assert params["name"] == lines["job-name"]
+    assert (params["nodes"], params["tasks_per_node"]) == (
+        int(lines["nodes"]),
+        int(lines["ntasks-per-node"]),
+    )
+    assert params["cpus_per_task"] == int(lines["cpus-per-task"])
+    assert params["timeout_min"] == config.time_min and lines["time"] == options.format_time(
+        config.time_min
+    )
+    assert f"B:USR2@{params['slurm_signal_delay_s']}" == lines["signal"]
+    for name in ("partition", "account", "qos"):
+        assert params.get(f"slurm_{name}", "") == lines.get(name, "")
+    assert params.get("gpus_per_node", 0) == int(lines.get("gpus-per-node", 0))
+    extra = {k: v for k, v in params["slurm_additional_parameters"].items() if k != "requeue"}
+    assert {k: str(v) for k, v in extra.items()} == {k: lines[k] for k in extra}
+
+
+def test_srun_settings_are_stated_once_for_the_script_and_submitit():
+    from hpcddp.slurm import submission
+
+    text = jobscript.template()
+    assert "kill-on-bad-exit=" not in text and "SRUN_CPUS_PER_TASK=" not in text
+    script = render()
+    params = submission.executor_parameters(from_dict({}).slurm)
+    assert params["slurm_setup"][0] in script and options.SRUN_ENV in script
+    assert f"srun_flags=({shlex.join(options.SRUN_ARGS)})" in script
+    assert params["slurm_srun_args"] == list(options.SRUN_ARGS)
+
+
+def test_spare_nodes_are_asked_for_by_the_script_and_refused_by_submit():
+    from hpcddp.slurm import submission
+
+    spare = from_dict({"slurm": {"nodes": 2, "spare_nodes": 1}})
+    assert "--nodes=3" in sbatch_lines(render(spare))
+    with pytest.raises(ConfigError, match="slurm.spare_nodes=1: restarting on a spare node"):
+        submission.executor_parameters(spare.slurm)
