@@ -210,34 +210,6 @@ class CheckpointStore:
 
     # -- loading --------------------------------------------------------------------------------
 
-    def load_latest(self, map_location="cpu") -> tuple[int, dict] | None:
-        """Newest checkpoint that verifies and loads safely, as ``(step, state)``.
-
-        Falls back past broken ones with a warning. Returns None if there are no checkpoints;
-        raises if there are some but none is usable, so a run never silently restarts at 0.
-        """
-        complete = self.list_complete()
-        for step, path in reversed(complete):
-            try:
-                return step, self.load(path, map_location=map_location)
-            except CheckpointError as exc:
-                log.warning("skipping checkpoint %s: %s", path, exc)
-        if complete:
-            raise CheckpointError(
-                f"none of the {len(complete)} checkpoints in {self.directory} is usable (see "
-                "warnings above); expected at least one that verifies. HINT: restore one from "
-                "backup, or move the directory away to deliberately start from scratch."
-            )
-        return None
-
-    def load(self, path: str | os.PathLike, map_location="cpu") -> dict:
-        """Verify ``path`` against its sidecar and load it (mapped, ``weights_only=True``)."""
-        self.verify(path)
-        state = self.load_verified(path)
-        if map_location != "cpu":
-            state = _to(state, map_location)
-        return state
-
     def verify(self, path: str | os.PathLike) -> None:
         """Raise ``CheckpointError`` unless the bytes of ``path`` match its sidecar."""
         _verify(pathlib.Path(path))
@@ -385,17 +357,6 @@ def _sha256_of(path: pathlib.Path) -> tuple[str, int]:
             hasher.update(view[:n])
             size += n
     return hasher.hexdigest(), size
-
-
-def _to(obj, device):
-    """Tensors of a nested state moved to ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to(v, device) for v in obj)
-    return obj
 
 
 def _is_debris(path: pathlib.Path) -> bool:
