@@ -62,6 +62,7 @@ helper=("$PYTHON")
 # a step on those nodes (a comma list): all of the job's, or all but the spares.
 launcher=srun
 nproc=
+hosts=()
 case $launcher in
 srun)
     # One task per rank: every rank reads its rank, world and master from the Slurm step.
@@ -88,10 +89,11 @@ torchrun)
     fi
     # torchrun would give each process one thread; share the task's CPUs out instead.
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cpus / nproc > 0 ? cpus / nproc : 1))}
+    mapfile -t hosts < <("${helper[@]}" -m hpcddp.launch.hostlist "$SLURM_JOB_NODELIST")
     rdzv_port=${HPCDDP_RDZV_PORT:-$("${helper[@]}" -m hpcddp.launch.ports "$SLURM_JOB_ID" torchrun "${SLURM_ARRAY_TASK_ID:-}")}
     read -r -a torchrun_args <<<"${HPCDDP_TORCHRUN_ARGS:-}"
     echo "hpcddp: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $SLURM_NNODES nodes x $nproc" \
-        "processes, rendezvous port $rdzv_port, restart ${SLURM_RESTART_COUNT:-0}," \
+        "processes, rendezvous ${HPCDDP_RDZV_HOST:-${hosts[0]}}:$rdzv_port, restart ${SLURM_RESTART_COUNT:-0}," \
         "config ${CONFIG:-none}"
     ;;
 esac
@@ -99,9 +101,7 @@ step_on() {
     local nodes=()
     step_args=()
     if [[ $1 == all ]]; then
-        if [[ $launcher == torchrun ]]; then
-            mapfile -t nodes < <("${helper[@]}" -m hpcddp.launch.hostlist "$SLURM_JOB_NODELIST")
-        fi
+        nodes=(${hosts[@]+"${hosts[@]}"}) # torchrun's; srun needs no list
     else
         # A part of the job's nodes: srun would otherwise spread the job's tasks over it.
         IFS=, read -r -a nodes <<<"$1"
@@ -187,8 +187,9 @@ if ! decision=$(policy first); then
 fi
 status=0
 # A SIGTERM between steps (scancel, a requeue) ends the job: no new step then.
-while read -r action hosts avoid <<<"$decision" && [[ $action == run ]] && ((terminated == 0)); do
-    step_on "$hosts"
+while read -r action step_hosts avoid <<<"$decision" && [[ $action == run ]] &&
+    ((terminated == 0)); do
+    step_on "$step_hosts"
     run_step
     usable=
     avoided=
@@ -200,7 +201,7 @@ while read -r action hosts avoid <<<"$decision" && [[ $action == run ]] && ((ter
     fi
     terminated_flag=()
     if ((terminated)); then terminated_flag=(--terminated); fi
-    decision=$(policy after --status "$status" --srun-error "$first_error" --hosts "$hosts" \
+    decision=$(policy after --status "$status" --srun-error "$first_error" --hosts "$step_hosts" \
         --avoid "${avoid:-}" --usable "$usable" --excluded "$avoided" \
         ${terminated_flag[@]+"${terminated_flag[@]}"} ${check[@]+"${check[@]}"}) ||
         decision="stop $status"

@@ -67,8 +67,10 @@ def test_more_nodes_than_the_partition_has_is_one_line(slurm_cluster):
 
 # Stands in for Python on the nodes: like a trainer that checkpoints on the signal and cannot
 # requeue the job itself, it exits 75 (after a pause, so that under load no task is killed by
-# --kill-on-bad-exit before it reports the signal).
-FAKE_PYTHON = """#!/bin/bash
+# --kill-on-bad-exit before it reports the signal). hpcddp's policy helper, which the job
+# script asks what to do before and after the step, runs in the real Python.
+FAKE_PYTHON = f"""#!/bin/bash
+if [[ $1 == -m && $2 == hpcddp.slurm.policy ]]; then exec {sys.executable} "$@"; fi
 trap 'echo "task $SLURM_PROCID on $(hostname) got USR2"; sleep 3; exit 75' USR2
 echo "task $SLURM_PROCID started"
 while :; do sleep 0.1; done
