@@ -7,7 +7,7 @@ import time
 import yaml
 
 from hpcddp.config import load_config
-from tests.fixtures.helpers import ENDED, HOSTILE, QUICK, REPO, summary
+from tests.fixtures.helpers import ENDED, HOSTILE, QUICK, REPO, summary, wait_until
 
 
 def test_submits_a_two_node_job_from_another_directory(slurm_cluster, tmp_path):
@@ -119,7 +119,14 @@ def test_usr2_to_the_batch_shell_reaches_every_task_and_requeues(slurm_cluster, 
         output = wait_for_text(log, f"requeueing job {job_id}", timeout=30)
         got = {line for line in output.splitlines() if "got USR2" in line}
         assert got == {f"task {rank} on {hosts[rank // 2]} got USR2" for rank in range(4)}
-        fields = slurm_cluster.run("scontrol", "-o", "show", "job", job_id).stdout
-        assert "Restarts=1" in fields.split()
+        # the policy helper says why before the shell runs `scontrol requeue`
+        wait_until(
+            lambda: (
+                "Restarts=1"
+                in slurm_cluster.run("scontrol", "-o", "show", "job", job_id).stdout.split()
+            ),
+            f"job {job_id} requeued",
+            timeout=30,
+        )
     finally:
         slurm_cluster.run("scancel", job_id, check=False)
