@@ -1,6 +1,7 @@
 """The exit statuses of ``hpcddp`` commands, in one torch-free place.
 
-The generated batch script (`hpcddp.jobscript`) acts on them without importing torch, and the
+The generated batch script (`hpcddp.slurm.jobscript`) and its policy helper
+(`hpcddp.slurm.policy`) act on them without importing torch, and the
 trainer and CLI return them; both must agree, so both read them from here.
 """
 

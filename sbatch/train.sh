@@ -36,8 +36,9 @@ fi
 set --  "$@"
 config_args=()
 if [[ -n $CONFIG ]]; then config_args=("--config=$CONFIG"); fi
-# Since Slurm 22.05 srun no longer inherits --cpus-per-task; without this, loaders starve.
+# Every step's srun settings, as hpcddp.slurm.options states them for submitit too.
 export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+srun_flags=(--kill-on-bad-exit=1)
 # More srun options, split into words: HPCDDP_SRUN_ARGS="--label --cpu-bind=cores".
 read -r -a srun_args <<<"${HPCDDP_SRUN_ARGS:-}"
 # This job's end, for ranks that cannot ask squeue (in a container), tagged with the job's id so
@@ -57,24 +58,28 @@ container=()
 helper=("$PYTHON")
 
 # How the ranks start; the #SBATCH lines above were made for this launcher, not the other.
+# step_on HOSTS sets `step` (the command every task runs) and `step_args` (srun's geometry) for
+# a step on those nodes (a comma list): all of the job's, or all but the spares.
 launcher=srun
-step_args=()
+nproc=
+hosts=()
 case $launcher in
 srun)
     # One task per rank: every rank reads its rank, world and master from the Slurm step.
-    step=(${container[@]+"${container[@]}"} "$PYTHON" -m hpcddp)
+    per_node=${SLURM_NTASKS_PER_NODE:-1}
     echo "hpcddp: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $SLURM_NTASKS tasks," \
         "restart ${SLURM_RESTART_COUNT:-0}, config ${CONFIG:-none}"
     ;;
 torchrun)
     # One task per node; each node's torchrun starts its ranks and the torchruns meet in a
-    # c10d rendezvous on the job's first host, on a port derived from the job id so that
+    # c10d rendezvous on the step's first host, on a port derived from the job id so that
     # neighbouring jobs on a shared node do not collide. torchrun, not Slurm, numbers the
     # ranks (hpcddp reads its variables). Ranks per node: NPROC_PER_NODE, else the number
     # below, else one per GPU Slurm gave the node, else one per CPU of the node's task.
     # torchrun's agent does not forward SIGUSR2 to its workers, so such jobs carry no
     # --signal: the trainer keeps its own deadline (train.stop_before_end_s before the job's
     # end, read from Slurm), then stops, checkpoints and requeues the job.
+    per_node=1
     cpus=${SLURM_CPUS_PER_TASK:-1}
     gpus=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-0}}
     gpus=${gpus##*:} # SLURM_GPUS_PER_NODE may name the type: a100:4
@@ -85,18 +90,33 @@ torchrun)
     # torchrun would give each process one thread; share the task's CPUs out instead.
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cpus / nproc > 0 ? cpus / nproc : 1))}
     mapfile -t hosts < <("${helper[@]}" -m hpcddp.launch.hostlist "$SLURM_JOB_NODELIST")
-    rdzv_host=${HPCDDP_RDZV_HOST:-${hosts[0]}}
     rdzv_port=${HPCDDP_RDZV_PORT:-$("${helper[@]}" -m hpcddp.launch.ports "$SLURM_JOB_ID" torchrun "${SLURM_ARRAY_TASK_ID:-}")}
     read -r -a torchrun_args <<<"${HPCDDP_TORCHRUN_ARGS:-}"
-    step_args=(--ntasks="$SLURM_NNODES" --ntasks-per-node=1)
-    step=(${container[@]+"${container[@]}"} "$PYTHON" -m torch.distributed.run --nnodes="$SLURM_NNODES"
-        --nproc-per-node="$nproc" --rdzv-backend=c10d --rdzv-endpoint="$rdzv_host:$rdzv_port"
-        --rdzv-id="$SLURM_JOB_ID" ${torchrun_args[@]+"${torchrun_args[@]}"} -m hpcddp)
     echo "hpcddp: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $SLURM_NNODES nodes x $nproc" \
-        "processes, rendezvous $rdzv_host:$rdzv_port, restart ${SLURM_RESTART_COUNT:-0}," \
+        "processes, rendezvous ${HPCDDP_RDZV_HOST:-${hosts[0]}}:$rdzv_port, restart ${SLURM_RESTART_COUNT:-0}," \
         "config ${CONFIG:-none}"
     ;;
 esac
+step_on() {
+    local nodes=()
+    step_args=()
+    if [[ $1 == all ]]; then
+        nodes=(${hosts[@]+"${hosts[@]}"}) # torchrun's; srun needs no list
+    else
+        # A part of the job's nodes: srun would otherwise spread the job's tasks over it.
+        IFS=, read -r -a nodes <<<"$1"
+        step_args=(--nodes="${#nodes[@]}" --nodelist="$1" --ntasks="$((${#nodes[@]} * per_node))")
+    fi
+    step=(${container[@]+"${container[@]}"} "$PYTHON" -m hpcddp)
+    if [[ $launcher == torchrun ]]; then
+        step_args=(--ntasks="${#nodes[@]}" --ntasks-per-node=1)
+        if [[ $1 != all ]]; then step_args+=(--nodes="${#nodes[@]}" --nodelist="$1"); fi
+        step=(${container[@]+"${container[@]}"} "$PYTHON" -m torch.distributed.run
+            --nnodes="${#nodes[@]}" --nproc-per-node="$nproc" --rdzv-backend=c10d
+            --rdzv-endpoint="${HPCDDP_RDZV_HOST:-${nodes[0]}}:$rdzv_port"
+            --rdzv-id="$SLURM_JOB_ID" ${torchrun_args[@]+"${torchrun_args[@]}"} -m hpcddp)
+    fi
+}
 
 # Slurm signals this shell alone (--signal=B:USR2@...) before the time limit, and bash runs a
 # trap only between commands: so the step runs in the background while the shell waits, and
@@ -117,59 +137,87 @@ trap 'forward TERM' TERM
 # srun's own error lines ("srun: error: n2: task 3: Killed") name the node where a rank died
 # first: the step's stderr is copied aside (tee writes through at once) and still reaches the
 # job's output. The copy ignores SIGTERM, so that when a requeue ends the job the ranks' last
-# lines are not lost with it.
-srun_errors=$(mktemp "${TMPDIR:-/tmp}/hpcddp-$SLURM_JOB_ID.XXXXXX")
-exec 3> >(
-    trap '' TERM
-    exec tee -a "$srun_errors" >&2
-)
-errors_pid=$!
+# lines are not lost with it. run_step: one step on `step_args`; sets `status` and
+# `first_error`.
+run_step() {
+    local srun_errors errors_pid seen
+    srun_errors=$(mktemp "${TMPDIR:-/tmp}/hpcddp-$SLURM_JOB_ID.XXXXXX")
+    exec 3> >(
+        trap '' TERM
+        exec tee -a "$srun_errors" >&2
+    )
+    errors_pid=$!
+    srun "${srun_flags[@]}" ${srun_args[@]+"${srun_args[@]}"} "${step_args[@]}" \
+        "${step[@]}" "$command" ${config_args[@]+"${config_args[@]}"} \
+        ${overrides[@]+"${overrides[@]}"} 2>&3 &
+    step_pid=$!
+    # A trapped signal ends `wait` early (status > 128) while srun still runs: wait again.
+    while :; do
+        seen=$signals
+        status=0
+        wait "$step_pid" || status=$?
+        ((status > 128 && signals > seen)) || break
+    done
+    step_pid=
+    exec 3>&-
+    wait "$errors_pid" 2>/dev/null || true
+    first_error=$(grep -m 1 -E '^srun: error: [^ ]+: tasks? [0-9]' "$srun_errors" || true)
+    rm -f "$srun_errors"
+}
 
-# --kill-on-bad-exit: one failed rank ends the step instead of leaving the others hanging.
-srun --kill-on-bad-exit=1 ${srun_args[@]+"${srun_args[@]}"} ${step_args[@]+"${step_args[@]}"} \
-    "${step[@]}" "$command" ${config_args[@]+"${config_args[@]}"} "$@" 2>&3 &
-step_pid=$!
-# A trapped signal ends `wait` early (status > 128) while srun still runs: wait again.
-while :; do
-    seen=$signals
-    status=0
-    wait "$step_pid" || status=$?
-    ((status > 128 && signals > seen)) || break
+# What to do is hpcddp's decision (hpcddp.slurm.policy: requeue, restart on a spare node,
+# exclusion); this shell only carries it out, with Slurm's tools, outside any container.
+policy() {
+    local said
+    said=$("${helper[@]}" -m hpcddp.slurm.policy "$@" ${config_args[@]+"${config_args[@]}"} \
+        ${overrides[@]+"${overrides[@]}"}) || return 1
+    if [[ ! $said =~ ^(run|requeue|stop)\  ]]; then
+        echo "hpcddp: the policy helper said ${said:-nothing}" >&2
+        return 1
+    fi
+    echo "$said"
+}
+overrides=("$@")
+check=()
+if [[ $command == check ]]; then check=(--check); fi
+if ! decision=$(policy first); then
+    echo "hpcddp: cannot run $PYTHON -m hpcddp.slurm.policy. HINT: check HPCDDP_PYTHON and" \
+        "slurm.setup (the job's Python must have hpcddp)" >&2
+    exit 1
+fi
+status=0
+# A SIGTERM between steps (scancel, a requeue) ends the job: no new step then.
+while read -r action step_hosts avoid <<<"$decision" && [[ $action == run ]] &&
+    ((terminated == 0)); do
+    step_on "$step_hosts"
+    run_step
+    usable=
+    avoided=
+    if ((status != 0 && terminated == 0)); then
+        usable=$(sinfo -h -N -p "${SLURM_JOB_PARTITION:-}" -o '%N %t' 2>/dev/null |
+            awk '$2 ~ /^(idle|mix|alloc|comp)/ { print $1 }' | sort -u | tr '\n' ' ' || true)
+        avoided=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'ExcNodeList=[^ ]*' |
+            cut -d= -f2 || true)
+    fi
+    terminated_flag=()
+    if ((terminated)); then terminated_flag=(--terminated); fi
+    decision=$(policy after --status "$status" --srun-error "$first_error" --hosts "$step_hosts" \
+        --avoid "${avoid:-}" --usable "$usable" --excluded "$avoided" \
+        ${terminated_flag[@]+"${terminated_flag[@]}"} ${check[@]+"${check[@]}"}) ||
+        decision="stop $status"
 done
-exec 3>&-
-wait "$errors_pid" 2>/dev/null || true
-first_error=$(grep -m 1 -E '^srun: error: [^ ]+: tasks? [0-9]' "$srun_errors" || true)
-rm -f "$srun_errors"
-# The first rank to stop ends the others (--kill-on-bad-exit), whose "Terminated" then decides
-# srun's status: what the first one said is the step's answer.
-if [[ $first_error == *": Exited with exit code 75" ]]; then status=75; fi
-
-# The ranks stopped with a checkpoint but could not requeue the job themselves (no scontrol
-# inside their container, say); this shell runs outside it and requeues instead.
-if ((status == 75)); then
-    echo "hpcddp: the step stopped to be requeued; requeueing job $SLURM_JOB_ID" >&2
-    scontrol requeue "$SLURM_JOB_ID" || echo "hpcddp: requeue failed; resubmit to resume" >&2
-elif ((status != 0 && terminated == 0)) && [[ $command == train ]]; then
-    # A rank died: ask hpcddp whether to try again, and where not to (slurm.max_failures).
-    usable=$(sinfo -h -N -p "${SLURM_JOB_PARTITION:-}" -o '%N %t' 2>/dev/null |
-        awk '$2 ~ /^(idle|mix|alloc|comp)/ { print $1 }' | sort -u | tr '\n' ' ' || true)
-    avoided=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'ExcNodeList=[^ ]*' |
-        cut -d= -f2 || true)
-    decision=$("${helper[@]}" -m hpcddp.slurm.retry --status "$status" \
-        --srun-error "$first_error" --usable "$usable" --excluded "$avoided" \
-        ${config_args[@]+"${config_args[@]}"} "$@") || decision=stop
-    read -r action exclude <<<"$decision"
-    if [[ $action == requeue ]]; then
-        # Requeueing ends this shell (SIGTERM, trapped above, then SIGKILL after KillWait):
-        # Slurm refuses ExcNodeList while the job runs but takes it the moment it is requeued.
-        if ! scontrol requeue "$SLURM_JOB_ID"; then
-            echo "hpcddp: requeue failed; resubmit${exclude:+ with --exclude=$exclude}" >&2
-        elif [[ -n $exclude ]]; then
-            for _ in {1..50}; do
-                if scontrol update jobid="$SLURM_JOB_ID" ExcNodeList="$exclude"; then break; fi
-                sleep 0.1
-            done 2>/dev/null
-        fi
+if [[ $action == run ]]; then decision="stop $status"; fi # SIGTERM came between two steps
+read -r action status exclude <<<"$decision"
+if [[ $action == requeue ]]; then
+    # Requeueing ends this shell (SIGTERM, trapped above, then SIGKILL after KillWait):
+    # Slurm refuses ExcNodeList while the job runs but takes it the moment it is requeued.
+    if ! scontrol requeue "$SLURM_JOB_ID"; then
+        echo "hpcddp: requeue failed; resubmit${exclude:+ with --exclude=$exclude}" >&2
+    elif [[ -n $exclude ]]; then
+        for _ in {1..50}; do
+            if scontrol update jobid="$SLURM_JOB_ID" ExcNodeList="$exclude"; then break; fi
+            sleep 0.1
+        done 2>/dev/null
     fi
 fi
 exit "$status"

@@ -3,7 +3,16 @@
 Imports only `hpcddp.errors` and PyYAML: the login node reads configs without torch.
 """
 
-from hpcddp.config.loading import apply_overrides, from_dict, load_config, read_yaml
+from hpcddp.config.loading import (
+    apply_overrides,
+    from_dict,
+    key_path,
+    load_config,
+    read_yaml,
+    split_override,
+    with_overrides,
+    with_values,
+)
 from hpcddp.config.sections import (
     Config,
     DataConfig,
@@ -30,6 +39,10 @@ __all__ = [
     "TrainConfig",
     "apply_overrides",
     "from_dict",
+    "key_path",
     "load_config",
     "read_yaml",
+    "split_override",
+    "with_overrides",
+    "with_values",
 ]

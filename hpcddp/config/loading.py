@@ -9,6 +9,7 @@ import difflib
 import functools
 import math
 import pathlib
+import re
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -123,19 +124,39 @@ def _build(cls: type, data: Any, where: str) -> Any:
     return cls(**values)
 
 
-def _parse_override(text: str) -> tuple[list[str], Any]:
-    """Split ``a.b=value`` and read the value as YAML (so 3, 1e-3, true, [1, 2] keep their type)."""
+# The one rule for a key that names a setting: dotted identifiers (``optim.lr``,
+# ``model.kwargs.hidden``), for overrides, job scripts and sweep grids alike.
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def key_path(key: str) -> list[str] | None:
+    """``optim.lr`` -> ``["optim", "lr"]``; None when ``key`` cannot name a setting."""
+    return key.split(".") if isinstance(key, str) and _KEY.fullmatch(key) else None
+
+
+def split_override(text: str) -> tuple[list[str], str]:
+    """``section.key=value`` -> (the key's path, the value's text), or a one-line ConfigError."""
     key, sep, raw = text.partition("=")
-    if not sep or not key or any(not part for part in key.split(".")):
+    path = key_path(key)
+    if not sep or path is None:
         raise ConfigError(
             f"override {text!r} is not of the form section.key=value. "
             "HINT: e.g. optim.lr=0.01 train.epochs=3"
         )
+    return path, raw
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b=value`` and read the value as YAML (so 3, 1e-3, true, [1, 2] keep their type);
+    a string field keeps the text (``run.name=123``)."""
+    path, raw = split_override(text)
     try:
-        value = safe_yaml.load(raw, f"override {key}") if raw else ""
+        value = safe_yaml.load(raw, f"override {'.'.join(path)}") if raw else ""
     except yaml.YAMLError:
         value = raw
-    return key.split("."), value
+    if _is_str_field(path) and not isinstance(value, str):
+        value = raw.strip()  # run.name=123 or run.dir= mean the text
+    return path, value
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -147,10 +168,64 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {text!r}: {part} is not a section.")
-        if _is_str_field(path) and not isinstance(value, str):
-            value = text.partition("=")[2].strip()  # run.name=123 or run.dir= mean the text
         node[path[-1]] = value
     return data
+
+
+def with_overrides(config: Config, overrides: Sequence[str]) -> Config:
+    """``config`` with ``key=value`` overrides applied, checked again."""
+    return with_values(config, [_parse_override(text) for text in overrides])
+
+
+def with_values(config: Config, values: Sequence[tuple[list[str], Any]]) -> Config:
+    """``config`` with each setting (a key's path) given a value; every section touched is
+    checked again by its ``__post_init__`` once all its values are in, so two settings checked
+    against each other may change together. The config itself is left as it was."""
+    changed: Config = _replaced(config, list(values), "")
+    return changed
+
+
+def _replaced(node: Any, values: list[tuple[list[str], Any]], where: str) -> Any:
+    """A copy of ``node`` (the section or dict setting at ``where``) with the values set."""
+    grouped: dict[str, list[tuple[list[str], Any]]] = {}
+    for path, value in values:
+        grouped.setdefault(path[0], []).append((path[1:], value))
+    if isinstance(node, dict):
+        return {
+            **node,
+            **{k: _setting(node.get(k, {}), None, v, where, k) for k, v in grouped.items()},
+        }
+    if not dataclasses.is_dataclass(node) or isinstance(node, type):
+        raise ConfigError(f"{where} is not a section. HINT: see examples/quickstart.yaml.")
+    section: type = type(node)
+    kinds = field_types(section)
+    for name in grouped:
+        if name not in kinds:
+            _build(section, {name: None}, where)  # raises, naming the valid keys
+    changes = {
+        name: _setting(getattr(node, name), kinds[name], items, where, name)
+        for name, items in grouped.items()
+    }
+    try:
+        return dataclasses.replace(node, **changes)
+    except TypeError as err:
+        raise ConfigError(f"invalid configuration: {err}") from None
+
+
+def _setting(old: Any, kind: Any, items: list[tuple[list[str], Any]], where: str, name: str) -> Any:
+    """One field's (or dict key's) new value: whole values and deeper keys, in order."""
+    key = f"{where}.{name}" if where else name
+    new = old
+    for rest, value in items:
+        if rest:
+            new = _replaced(new, [(rest, value)], key)
+        elif isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            new = _build(kind, value, key)
+        elif kind is not None:
+            new = _coerce(value, kind, key)
+        else:
+            new = value
+    return new
 
 
 def _is_str_field(path: list[str]) -> bool:

@@ -352,7 +352,11 @@ class SlurmConfig:
     account: str = setting("", "account to charge; empty: your default")
     qos: str = setting("", "quality of service; empty: the default")
     job_name: str = setting("hpcddp", "job name (squeue, output file names)")
-    signal_delay_s: int = setting(120, "USR2 this long before the time limit: checkpoint, requeue")
+    signal_delay_s: int = setting(
+        120,
+        "USR2 this long before the time limit: checkpoint, requeue; at most "
+        "train.stop_before_end_s, the stop margin (0: no signal)",
+    )
     launcher: str = setting(
         "srun",
         "how the job script starts ranks: srun (a task per rank) "
@@ -361,8 +365,14 @@ class SlurmConfig:
     extra: dict[str, Any] = setting_from(dict, "more sbatch options, name: value (true: a flag)")
     max_failures: int = setting(
         2,
-        "when a rank dies (not a preemption), requeue the job without the failing node at most "
+        "when a rank dies (not a preemption), restart on a spare node or requeue the job without "
+        "the failing node at most "
         "this many times, and not after a retry that gained no step; 0: never",
+    )
+    spare_nodes: int = setting(
+        0,
+        "nodes held in reserve on top of slurm.nodes: when a rank dies, training restarts "
+        "within the job on a spare instead of requeueing the job",
     )
     setup: list[str] = setting_from(
         list, "shell lines the job script runs before the ranks start (module load, exports)"
@@ -383,6 +393,7 @@ class SlurmConfig:
             mem_gb=self.mem_gb,
             signal_delay_s=self.signal_delay_s,
             max_failures=self.max_failures,
+            spare_nodes=self.spare_nodes,
         )
         _one_of("slurm", "launcher", self.launcher, LAUNCHERS)
         _strings("slurm.setup", self.setup)
@@ -407,6 +418,20 @@ class TrackingConfig:
             _one_of("tracking", "backends", name, TRACKING_BACKENDS)
 
 
+def _one_stop_margin(stop_before_end_s: float, signal_delay_s: int) -> None:
+    """The trainer's own clock keeps the stop margin; Slurm's signal may come no earlier.
+
+    A signal earlier than the trainer's margin would make the margin a setting that does
+    nothing under srun and the only one under torchrun (which gets no signal).
+    """
+    if signal_delay_s > stop_before_end_s:
+        raise ConfigError(
+            f"slurm.signal_delay_s={signal_delay_s} is longer than train.stop_before_end_s="
+            f"{stop_before_end_s:g}, the stop margin (the time a checkpoint and requeue need). "
+            f"HINT: raise train.stop_before_end_s to {signal_delay_s} as well."
+        )
+
+
 @dataclasses.dataclass(kw_only=True)
 class Config:
     """A whole run."""
@@ -420,6 +445,9 @@ class Config:
     slurm: SlurmConfig = setting_from(SlurmConfig, "what hpcddp asks Slurm for")
     task: TaskConfig = setting_from(TaskConfig, "the loss, the eval metrics and step hooks")
     tracking: TrackingConfig = setting_from(TrackingConfig, "TensorBoard, W&B and MLflow")
+
+    def __post_init__(self) -> None:
+        _one_stop_margin(self.train.stop_before_end_s, self.slurm.signal_delay_s)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, as saved in the run directory."""

@@ -10,9 +10,10 @@ for the one that reads it: bash reads the body, so every value there goes throug
 Preemption: Slurm signals the batch shell (``--signal=B:USR2@N``) before the time limit; the
 shell passes the signal on to ``srun``, which forwards it to every process of every task. The
 trainer checkpoints and requeues the job (``--requeue``) itself; where it cannot (no
-``scontrol`` inside its container) it exits with `exit_codes.STOPPED_NOT_REQUEUED` and the
-batch shell, which runs outside the container, requeues the job instead. When a rank dies,
-the shell asks `hpcddp.slurm.retry` whether to requeue the job without the node it died on.
+``scontrol`` inside its container) it exits with `exit_codes.STOPPED_NOT_REQUEUED`. Before
+the first step and after every step the shell asks `hpcddp.slurm.policy` what to do next (run
+a step on which nodes, requeue with which nodes excluded, or stop) and does it, outside the
+container.
 
 ``slurm.setup`` lines are the site's shell code and are copied in as they are; the container
 (`container_lines`) wraps the ranks and the Python helpers, never the shell itself.
@@ -28,15 +29,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcddp import __version__, exit_codes
-from hpcddp.config import Config, SlurmConfig
+from hpcddp.config import Config, SlurmConfig, split_override
 from hpcddp.config.sections import ContainerConfig
-from hpcddp.errors import ConfigError, HpcddpError, LaunchError
+from hpcddp.errors import HpcddpError, LaunchError
 from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.cpus_per_task import NodeShape, no_nodes, with_cpus
-from hpcddp.slurm.options import sbatch_options, with_options
+from hpcddp.slurm.options import SRUN_ARGS, SRUN_ENV, sbatch_options, with_options
 
 _PLACEHOLDER = re.compile(r"\{\{ (\w+) \}\}")
-_OVERRIDE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # The scripts in the repository's sbatch/ folder: the defaults, with each launcher.
 CHECKED_IN = {"train.sh": "srun", "train-torchrun.sh": "torchrun"}
 CHECKED_IN_CONFIG = "examples/quickstart.yaml"
@@ -63,12 +63,7 @@ def _comment(text: str) -> str:
 def _check_overrides(overrides: Sequence[str]) -> None:
     """Overrides must be ``dotted.key=value``, so none can pass for an option of ``train``."""
     for text in overrides:
-        key = text.partition("=")[0]
-        if "=" not in text or not _OVERRIDE_KEY.fullmatch(key):
-            raise ConfigError(
-                f"override {text!r} is not of the form section.key=value. "
-                "HINT: e.g. optim.lr=0.01 train.epochs=3"
-            )
+        split_override(text)
 
 
 def setup_lines(lines: Sequence[str]) -> str:
@@ -143,7 +138,8 @@ def render(
             "overrides": " ".join(map(shlex.quote, overrides)),
             "launcher": slurm.launcher,
             "nproc_per_node": str(slurm.tasks_per_node) if fixed_ranks else "",
-            "requeue_status": str(exit_codes.STOPPED_NOT_REQUEUED),
+            "srun_env": SRUN_ENV,
+            "srun_flags": shlex.join(SRUN_ARGS),
             "command": "check" if check else "train",
             "setup": setup_lines(slurm.setup),
             "container": container_lines(slurm.container, slurm.gpus_per_node),

@@ -113,12 +113,17 @@ def _extra_options(extra: Mapping[str, Any]) -> list[str]:
     """``slurm.extra`` as options: ``true``/empty is a bare flag, ``false`` leaves it out."""
     options = []
     for name, value in extra.items():
+        refuse_own_option(str(name))
         if not isinstance(name, str) or not _EXTRA_NAME.fullmatch(name):
             raise ConfigError(
                 f"slurm.extra option name {name!r} is not an sbatch option name. "
                 "HINT: letters, digits and dashes, as in mail-type: END."
             )
-        refuse_own_option(name)
+        if not isinstance(value, (str, int, float, bool)) and value is not None:
+            raise ConfigError(
+                f"slurm.extra.{name} must be a string, number or true, got "
+                f"{type(value).__name__}. HINT: e.g. extra: {{constraint: a100}}."
+            )
         if value is True or value is None or value == "":
             options.append(f"--{name}")
         elif value is not False:
@@ -131,8 +136,36 @@ def _memory(mem_gb: float) -> str:
     return f"{int(mem_gb)}G" if mem_gb == int(mem_gb) else f"{round(mem_gb * 1024)}M"
 
 
-def sbatch_options(slurm: SlurmConfig) -> list[str]:
-    """The ``#SBATCH`` options (without the prefix) for one slurm section.
+# What every step of every job gets, for the job script and for submitit alike:
+# one dead rank ends the step instead of leaving the others waiting in a collective,
+SRUN_ARGS = ("--kill-on-bad-exit=1",)
+# and since Slurm 22.05 srun no longer inherits --cpus-per-task; without this, loaders starve.
+SRUN_ENV = "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What a job asks Slurm for, derived once from a slurm section (`request`); the sbatch
+    renderer (`sbatch_options`) and submitit (`hpcddp.slurm.submission`) only spell it."""
+
+    job_name: str
+    nodes: int  # spare nodes included
+    tasks_per_node: int  # one per node under torchrun
+    cpus_per_task: int  # the node's ranks' CPUs under torchrun
+    gpus_per_node: int  # 0: none asked for
+    mem_gb: float  # 0: the partition's default
+    time_min: int
+    partition: str
+    account: str
+    qos: str
+    signal_delay_s: int  # 0: no --signal (torchrun would not pass it on)
+    extra: tuple[str, ...]  # slurm.extra as sbatch options, checked
+    extra_values: dict[str, Any]  # the same, as submitit takes them
+
+
+def request(slurm: SlurmConfig) -> Request:
+    """The job's resources, checked: values sbatch would misread, a signal that would come at
+    once and extra options hpcddp sets itself are refused with a `ConfigError`.
 
     With ``launcher: torchrun`` the job has one task per node, holding that node's ranks and
     their CPUs, and no ``--signal`` (torchrun would not pass it on to its workers).
@@ -146,6 +179,10 @@ def sbatch_options(slurm: SlurmConfig) -> list[str]:
             "signalled at once. HINT: lower slurm.signal_delay_s or raise time_min."
         )
     per_rank = cpus_per_task.per_rank(slurm, ())  # 0 in the config: hpcddp's default
+    for name in ("job_name", "partition", "account", "qos"):
+        value = getattr(slurm, name)
+        if value:
+            sbatch_value(f"slurm.{name}", value)
     tasks, cpus = (
         (1, per_rank * slurm.tasks_per_node)
         if torchrun
@@ -154,17 +191,35 @@ def sbatch_options(slurm: SlurmConfig) -> list[str]:
             per_rank,
         )
     )
-    opts = (
-        [f"--job-name={sbatch_value('slurm.job_name', slurm.job_name)}"] if slurm.job_name else []
+    return Request(
+        job_name=slurm.job_name,
+        nodes=slurm.nodes + slurm.spare_nodes,
+        tasks_per_node=tasks,
+        cpus_per_task=cpus,
+        gpus_per_node=slurm.gpus_per_node,
+        mem_gb=slurm.mem_gb,
+        time_min=slurm.time_min,
+        partition=slurm.partition,
+        account=slurm.account,
+        qos=slurm.qos,
+        signal_delay_s=signal_s,
+        extra=tuple(_extra_options(slurm.extra)),
+        extra_values=dict(slurm.extra),
     )
-    opts += [f"--nodes={slurm.nodes}", f"--ntasks-per-node={tasks}"]
-    opts += [f"--gpus-per-node={slurm.gpus_per_node}"] if slurm.gpus_per_node > 0 else []
-    opts += [f"--cpus-per-task={cpus}"]
-    opts += [f"--mem={_memory(slurm.mem_gb)}"] if slurm.mem_gb else []
+
+
+def sbatch_options(slurm: SlurmConfig) -> list[str]:
+    """The ``#SBATCH`` options (without the prefix) for one slurm section."""
+    job = request(slurm)
+    opts = [f"--job-name={job.job_name}"] if job.job_name else []
+    opts += [f"--nodes={job.nodes}", f"--ntasks-per-node={job.tasks_per_node}"]
+    opts += [f"--gpus-per-node={job.gpus_per_node}"] if job.gpus_per_node > 0 else []
+    opts += [f"--cpus-per-task={job.cpus_per_task}"]
+    opts += [f"--mem={_memory(job.mem_gb)}"] if job.mem_gb else []
     # A requeued job keeps its job id, so it appends to the output of its earlier runs.
-    opts += [f"--time={format_time(slurm.time_min)}", "--output=%x-%j.out", "--open-mode=append"]
+    opts += [f"--time={format_time(job.time_min)}", "--output=%x-%j.out", "--open-mode=append"]
     for name in ("partition", "account", "qos"):
-        value = getattr(slurm, name)
-        opts += [f"--{name}={sbatch_value(f'slurm.{name}', value)}"] if value else []
-    opts += [f"--signal=B:USR2@{signal_s}"] if signal_s else []
-    return [*opts, "--requeue", *_extra_options(slurm.extra)]
+        value = getattr(job, name)
+        opts += [f"--{name}={value}"] if value else []
+    opts += [f"--signal=B:USR2@{job.signal_delay_s}"] if job.signal_delay_s else []
+    return [*opts, "--requeue", *job.extra]

@@ -1,7 +1,7 @@
 """Where a submitted job stands: its state, and which files hold its output.
 
-The state comes from Slurm while Slurm remembers the job (`hpcddp.slurm_queue`), and from the
-job index (`hpcddp.job_index`) and the run's own files afterwards. A job is only ever called
+The state comes from Slurm while Slurm remembers the job (`hpcddp.slurm.queue`), and from the
+job index (`hpcddp.slurm.index`) and the run's own files afterwards. A job is only ever called
 COMPLETED when its run directory holds a ``summary.json`` written after it was submitted: a
 batch script can exit 0 after the training failed (a failed job reported as COMPLETED is
 hydra#1928).

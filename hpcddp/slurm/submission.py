@@ -8,7 +8,7 @@ answering) submitit's local executor runs the tasks on this machine instead.
 submitit's own ``job.result()`` refuses multi-task jobs and waits on ``sacct``, which hangs
 forever on clusters without accounting (submitit#1720) when a job dies before writing its
 result. The jobs returned here return task 0's result (every rank agrees on the summary) and
-read the job's state from ``squeue``; see `hpcddp.slurm_queue`.
+read the job's state from ``squeue``; see `hpcddp.slurm.queue`.
 """
 
 import dataclasses
@@ -30,7 +30,7 @@ import submitit
 from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-from hpcddp.config import Config, SlurmConfig, apply_overrides, from_dict, load_config
+from hpcddp.config import Config, SlurmConfig, key_path, load_config, with_overrides, with_values
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, LaunchError
 from hpcddp.outcome import RunOutcome
@@ -39,7 +39,7 @@ from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
 from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.cpus_per_task import with_cpus
-from hpcddp.slurm.options import refuse_own_option
+from hpcddp.slurm.options import SRUN_ARGS, SRUN_ENV, request
 from hpcddp.slurm.tasks import CheckTask, TrainTask
 
 log = logging.getLogger(__name__)
@@ -117,16 +117,15 @@ def resolve_config(
             "slurm section, e.g. submit(config, nodes=2, tasks_per_node=4)."
         )
     if isinstance(config, Config):
-        data = apply_overrides(config.to_dict(), list(overrides))
+        resolved = with_overrides(config, list(overrides))
     elif isinstance(config, (str, os.PathLike)):
-        data = load_config(os.fspath(config), list(overrides)).to_dict()
+        resolved = load_config(os.fspath(config), list(overrides))
     else:
         raise ConfigError(
             f"config must be a hpcddp.Config or a YAML path, got "
             f"{type(config).__name__}. HINT: submit('examples/quickstart.yaml')."
         )
-    data["slurm"] = {**data["slurm"], **slurm_options}
-    resolved = from_dict(data)
+    resolved = with_values(resolved, [(["slurm", k], v) for k, v in slurm_options.items()])
     if resolved.slurm.launcher != "srun":
         raise ConfigError(
             f"slurm.launcher={resolved.slurm.launcher} cannot be submitted from Python: submit() "
@@ -137,33 +136,34 @@ def resolve_config(
 
 
 def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
-    """The slurm section as submitit AutoExecutor parameters (``slurm_*`` apply on Slurm only)."""
-    _check_extra(slurm.extra)
+    """The job's `request`, spelt as submitit AutoExecutor parameters (``slurm_*`` apply on
+    Slurm only)."""
+    if slurm.spare_nodes:
+        raise ConfigError(
+            f"slurm.spare_nodes={slurm.spare_nodes}: restarting on a spare node is done by the "
+            "job script's shell, which submitit's job does not have. HINT: use `hpcddp sbatch` "
+            "(or sbatch/train.sh) for spare nodes, or set slurm.spare_nodes=0 for submit()."
+        )
+    job = request(slurm)
     params: dict[str, Any] = {
-        "name": slurm.job_name,
-        "nodes": slurm.nodes,
-        "tasks_per_node": slurm.tasks_per_node,
-        "cpus_per_task": cpus_per_task.per_rank(slurm, ()),
-        "timeout_min": slurm.time_min,
-        "slurm_signal_delay_s": slurm.signal_delay_s,
-        # One dead rank ends the step instead of leaving the others waiting in a collective.
-        "slurm_srun_args": ["--kill-on-bad-exit=1", *pyxis_args(slurm.container)],
-        # Since Slurm 22.05 srun no longer inherits --cpus-per-task; without this, loaders starve.
+        "name": job.job_name,
+        "nodes": job.nodes,
+        "tasks_per_node": job.tasks_per_node,
+        "cpus_per_task": job.cpus_per_task,
+        "timeout_min": job.time_min,
+        "slurm_signal_delay_s": job.signal_delay_s,
+        "slurm_srun_args": [*SRUN_ARGS, *pyxis_args(slurm.container)],
         # The container gets the GPUs whenever Slurm gave some (hpcddp.slurm.container).
-        "slurm_setup": [
-            "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}",
-            *gpu_lines(slurm.container),
-            *slurm.setup,
-        ],
+        "slurm_setup": [SRUN_ENV, *gpu_lines(slurm.container), *slurm.setup],
         # The trainer checkpoints on SIGUSR2 and requeues with `scontrol requeue`.
-        "slurm_additional_parameters": {"requeue": True, **slurm.extra},
+        "slurm_additional_parameters": {"requeue": True, **job.extra_values},
     }
     optional = {
-        "gpus_per_node": slurm.gpus_per_node,
-        "mem_gb": slurm.mem_gb,
-        "slurm_partition": slurm.partition,
-        "slurm_account": slurm.account,
-        "slurm_qos": slurm.qos,
+        "gpus_per_node": job.gpus_per_node,
+        "mem_gb": job.mem_gb,
+        "slurm_partition": job.partition,
+        "slurm_account": job.account,
+        "slurm_qos": job.qos,
     }
     params.update({name: value for name, value in optional.items() if value})
     return params
@@ -173,17 +173,6 @@ def container_python(container: ContainerConfig, gpus_per_node: int) -> str | No
     """The command submitit starts Python with, inside an apptainer/singularity image."""
     wrapper = wrapper_args(container, gpus_per_node)
     return shlex.join([*wrapper, sys.executable]) if wrapper else None
-
-
-def _check_extra(extra: Mapping[str, Any]) -> None:
-    """Refuse extra sbatch options that would contradict the named ones."""
-    for name, value in extra.items():
-        refuse_own_option(str(name))
-        if not isinstance(value, (str, int, float, bool)):
-            raise ConfigError(
-                f"slurm.extra.{name} must be a string, number or true, got "
-                f"{type(value).__name__}. HINT: e.g. extra: {{constraint: a100}}."
-            )
 
 
 # -- where the job runs -----------------------------------------------------------------------
@@ -278,7 +267,8 @@ def submit(
     time_min=30, ...``). ``cluster`` forces ``"slurm"`` or ``"local"``. ``check=True`` submits
     the pre-flight (`hpcddp check`) with the same resources instead of training: its
     ``result()`` is ``{"errors": N, "problems": [...], "report": {...}}``. submitit's files go to
-    ``<run.dir>/submitit/``; `hpcddp.job_index` records the job for ``hpcddp status`` and ``logs``.
+    ``<run.dir>/submitit/``; `hpcddp.slurm.index` records the job for ``hpcddp status`` and
+    ``logs``.
     """
     config = resolve_config(config, overrides, slurm_options)
     cluster = choose_cluster(cluster)
@@ -343,11 +333,12 @@ def sweep_points(grid: Mapping[str, Sequence[Any]]) -> list[tuple[tuple[str, Any
             "HINT: sweep(config, {'optim.lr': [1e-3, 3e-3]})."
         )
     for key, values in grid.items():
-        if not isinstance(key, str) or "." not in key:
+        path = key_path(key)
+        if path is None or len(path) < 2:
             raise ConfigError(
                 f"sweep key {key!r} is not of the form section.key. HINT: e.g. 'optim.lr'."
             )
-        if key.split(".")[0] == "slurm" or key == "run.dir":
+        if path[0] == "slurm" or key == "run.dir":
             raise ConfigError(
                 f"sweep key {key!r} cannot vary within one job array (every "
                 "point shares the resources and gets its own run.dir). HINT: "
@@ -363,21 +354,10 @@ def sweep_points(grid: Mapping[str, Sequence[Any]]) -> list[tuple[tuple[str, Any
 
 def point_config(base: Config, index: int, point: Sequence[tuple[str, Any]]) -> Config:
     """The base config with one point's values and its own run directory, checked."""
-    data = base.to_dict()
-    for key, value in point:
-        *sections, name = key.split(".")
-        node: Any = data
-        for part in sections:
-            node = node.get(part) if isinstance(node, dict) else None
-            if not isinstance(node, dict):
-                raise ConfigError(
-                    f"sweep key {key!r}: {part} is not a config section. "
-                    "HINT: see examples/quickstart.yaml for the sections."
-                )
-        node[name] = value
-    data["run"]["dir"] = str(pathlib.Path(base.run.dir) / run_dir_name(index, point))
+    run_dir = str(pathlib.Path(base.run.dir) / run_dir_name(index, point))
+    values = [(key.split("."), value) for key, value in point] + [(["run", "dir"], run_dir)]
     try:
-        return from_dict(data)
+        return with_values(base, values)
     except ConfigError as err:
         raise ConfigError(f"sweep point {index} ({_describe(point)}): {err}") from None
 

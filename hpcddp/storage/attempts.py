@@ -1,7 +1,7 @@
 """Every attempt of a run across requeues: where it ran, why it ended, how many steps it gained.
 
 ``RUN_DIR/attempts.jsonl`` gets one line per attempt, once it ended: written by rank 0 when the
-run stops or finishes, or by the job script's retry helper (`hpcddp.slurm.retry`) when a rank
+run stops or finishes, or by the job script's policy helper (`hpcddp.slurm.policy`) when a rank
 died, since a dead rank writes nothing. `history` lists them for the run's summary.
 
 Torch-free, so the job script's helper can read it without importing torch.
@@ -11,16 +11,14 @@ import json
 import logging
 import os
 import pathlib
-import re
 import time
 from typing import Any
+
+from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, SIDECAR_SUFFIX
 
 log = logging.getLogger(__name__)
 
 FILE = "attempts.jsonl"
-# The names `hpcddp.storage.checkpoint.CheckpointStore` gives complete checkpoints (the .pt and
-# its .sha256 sidecar); a test keeps the two in step.
-_CHECKPOINT = re.compile(r"^step-(\d{8,})\.pt$")
 
 
 def saved_step(run_dir: str | os.PathLike[str]) -> int:
@@ -30,7 +28,8 @@ def saved_step(run_dir: str | os.PathLike[str]) -> int:
         names = set(os.listdir(folder))
     except OSError:
         return 0
-    steps = [int(m[1]) for n in names if (m := _CHECKPOINT.match(n)) and f"{n}.sha256" in names]
+    complete = [m for n in names if (m := CHECKPOINT_NAME.match(n)) and n + SIDECAR_SUFFIX in names]
+    steps = [int(m[1]) for m in complete]
     return max(steps, default=0)
 
 
@@ -64,17 +63,21 @@ def record(
     step: int | None = None,
     from_step: int | None = None,
     excluded: list[str] | None = None,
+    then: str | None = None,
 ) -> None:
     """Record one attempt once it ended: where it ran, why it ended, the steps it spanned.
 
     ``step`` defaults to the newest saved checkpoint (what the next attempt resumes from),
-    ``from_step`` to where the previous attempt ended.
+    ``from_step`` to where the previous attempt ended. ``then`` is what the job did next
+    after a failure: ``restart`` (in the same job, on a spare node), ``requeue`` or ``stop``.
     """
     entry: dict[str, Any] = {"job": job, "restart": restart, "nodes": nodes, "cause": cause}
     entry["from_step"] = last_step(run_dir) if from_step is None else from_step
     entry["step"] = saved_step(run_dir) if step is None else step
     if excluded:
         entry["excluded"] = excluded
+    if then:
+        entry["then"] = then
     _append(run_dir, entry)
 
 
@@ -104,18 +107,7 @@ def history(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
             "cause": r.get("cause", ""),
             "steps_gained": max(int(r.get("step", 0)) - int(r.get("from_step", 0)), 0),
             **({"excluded": r["excluded"]} if r.get("excluded") else {}),
+            **({"then": r["then"]} if r.get("then") else {}),
         }
         for number, r in enumerate(records(run_dir), start=1)
     ]
-
-
-def as_lines(attempts: list[dict[str, Any]]) -> list[str]:
-    """``attempt 2 (job 17, restart 1) on n1,n3: finished, +120 steps`` for each attempt."""
-    lines = []
-    for a in attempts:
-        avoided = f", then excluded {','.join(a['excluded'])}" if a.get("excluded") else ""
-        lines.append(
-            f"attempt {a['attempt']} (job {a['job'] or '-'}, restart {a['restart']}) on "
-            f"{','.join(a['nodes'])}: {a['cause']}, +{a['steps_gained']} steps{avoided}"
-        )
-    return lines

@@ -18,8 +18,8 @@ Why ``torch.save`` writes into a hashing sink (`digest.ChunkHashingSink`, an
 (no second copy of the model in memory, no second pass) and keeps the real ``OSError(ENOSPC)``;
 torch itself reports a full disk only as ``RuntimeError: [enforce fail at
 inline_container.cc:672] . unexpected pos N vs M``, with no errno. The generic durable-write
-machinery (temp files, fsyncs, renames) lives in ``hpcddp.atomic``; this module decides names,
-sidecars, ordering, pruning and what resume may load.
+machinery (temp files, fsyncs, renames) lives in ``hpcddp.storage.atomic``; this module decides
+names, sidecars, ordering, pruning and what resume may load.
 
 Loading verifies the digest in one streaming read (a fixed buffer, never the whole file in
 memory), which also leaves the file in the page cache, then maps it
@@ -44,11 +44,10 @@ import torch
 
 from hpcddp.errors import CheckpointError
 from hpcddp.storage import atomic, digest, mapped
+from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, SIDECAR_SUFFIX, file_name
 
 log = logging.getLogger(__name__)
 
-_NAME_RE = re.compile(r"^step-(\d{8,})\.pt$")  # Temp files start with a dot: never a match.
-_SIDECAR_SUFFIX = ".sha256"
 _READ_CHUNK_BYTES = 8 << 20  # one buffer, refilled: verification holds no copy of the file
 _DISK_FULL_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}
 
@@ -74,7 +73,7 @@ class CheckpointStore:
 
     def path_for(self, step: int) -> pathlib.Path:
         """Final path of the checkpoint for ``step``."""
-        return self.directory / f"step-{step:08d}.pt"
+        return self.directory / file_name(step)
 
     # -- listing --------------------------------------------------------------------------------
 
@@ -89,7 +88,9 @@ class CheckpointStore:
                 f"cannot list checkpoint directory {self.directory}: {exc}. "
                 "HINT: check that run.dir points at a readable directory."
             ) from exc
-        found = [(int(m.group(1)), self.directory / n) for n in names if (m := _NAME_RE.match(n))]
+        found = [
+            (int(m.group(1)), self.directory / n) for n in names if (m := CHECKPOINT_NAME.match(n))
+        ]
         return sorted(found)
 
     def latest_step(self) -> int | None:
@@ -192,34 +193,6 @@ class CheckpointStore:
 
     # -- loading --------------------------------------------------------------------------------
 
-    def load_latest(self, map_location="cpu") -> tuple[int, dict] | None:
-        """Newest checkpoint that verifies and loads safely, as ``(step, state)``.
-
-        Falls back past broken ones with a warning. Returns None if there are no checkpoints;
-        raises if there are some but none is usable, so a run never silently restarts at 0.
-        """
-        complete = self.list_complete()
-        for step, path in reversed(complete):
-            try:
-                return step, self.load(path, map_location=map_location)
-            except CheckpointError as exc:
-                log.warning("skipping checkpoint %s: %s", path, exc)
-        if complete:
-            raise CheckpointError(
-                f"none of the {len(complete)} checkpoints in {self.directory} is usable (see "
-                "warnings above); expected at least one that verifies. HINT: restore one from "
-                "backup, or move the directory away to deliberately start from scratch."
-            )
-        return None
-
-    def load(self, path: str | os.PathLike, map_location="cpu") -> dict:
-        """Verify ``path`` against its sidecar and load it (mapped, ``weights_only=True``)."""
-        self.verify(path)
-        state = self.load_verified(path)
-        if map_location != "cpu":
-            state = _to(state, map_location)
-        return state
-
     def verify(self, path: str | os.PathLike) -> None:
         """Raise ``CheckpointError`` unless the bytes of ``path`` match its sidecar."""
         _verify(pathlib.Path(path))
@@ -278,7 +251,7 @@ def _check_step(step: int) -> None:
 
 def _sidecar(path: pathlib.Path) -> pathlib.Path:
     """The integrity record that belongs to checkpoint ``path``."""
-    return path.with_name(path.name + _SIDECAR_SUFFIX)
+    return path.with_name(path.name + SIDECAR_SUFFIX)
 
 
 def _sidecar_text(path: pathlib.Path, digests: list[str]) -> bytes:
@@ -389,26 +362,15 @@ def _sha256_of(path: pathlib.Path) -> tuple[str, int]:
     return hasher.hexdigest(), size
 
 
-def _to(obj, device):
-    """Tensors of a nested state moved to ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to(v, device) for v in obj)
-    return obj
-
-
 def _is_debris(path: pathlib.Path) -> bool:
     """A temp file whose writer is dead, or a sidecar whose checkpoint was never renamed."""
     if (final := atomic.temp_target(path.name)) is not None:
-        return bool(_NAME_RE.match(final.removesuffix(_SIDECAR_SUFFIX))) and (
+        return bool(CHECKPOINT_NAME.match(final.removesuffix(SIDECAR_SUFFIX))) and (
             atomic.temp_writer_is_dead(path)
         )
-    if path.name.endswith(_SIDECAR_SUFFIX):
-        payload = path.with_name(path.name.removesuffix(_SIDECAR_SUFFIX))
-        return bool(_NAME_RE.match(payload.name)) and not payload.exists()
+    if path.name.endswith(SIDECAR_SUFFIX):
+        payload = path.with_name(path.name.removesuffix(SIDECAR_SUFFIX))
+        return bool(CHECKPOINT_NAME.match(payload.name)) and not payload.exists()
     return False
 
 

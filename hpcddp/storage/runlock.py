@@ -26,20 +26,25 @@ log = logging.getLogger(__name__)
 _NO_FLOCK = {errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
 
 
-def _me() -> dict[str, Any]:
+def _me(job_id: str) -> dict[str, Any]:
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "job_id": job_id,
         "since": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
 
 class RunLock:
-    """Rank 0's claim on a run directory; `acquire` refuses if another live run holds it."""
+    """Rank 0's claim on a run directory; `acquire` refuses if another live run holds it.
 
-    def __init__(self, run_dir: pathlib.Path) -> None:
+    ``job_id`` is the job this process belongs to (`DistEnv.job_id`; "" outside a job): a lock
+    file left by an earlier attempt of the same job is stale.
+    """
+
+    def __init__(self, run_dir: pathlib.Path, job_id: str = "") -> None:
         self.path = run_dir / ".lock"
+        self.job_id = job_id
         self._fd: int | None = None
         self._exclusive_file = False
 
@@ -56,7 +61,7 @@ class RunLock:
             raise self._held(self._holder()) from None
         self._fd = fd
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(_me()).encode())
+        os.write(fd, json.dumps(_me(self.job_id)).encode())
 
     def release(self) -> None:
         """Let the next run in (the kernel also does this if the process dies)."""
@@ -70,7 +75,7 @@ class RunLock:
     def _acquire_exclusive_file(self) -> None:
         """Without flock: create the file exclusively, taking over one that is clearly stale."""
         holder = self._holder()
-        if holder and not _stale(holder):
+        if holder and not _stale(holder, self.job_id):
             raise self._held(holder)
         self.path.unlink(missing_ok=True)
         try:
@@ -78,7 +83,7 @@ class RunLock:
         except FileExistsError:  # another run won the race just now
             raise self._held(self._holder()) from None
         with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(_me()))
+            handle.write(json.dumps(_me(self.job_id)))
         self._exclusive_file = True
         log.info("%s has no flock; holding the run directory with an exclusive file", self.path)
 
@@ -99,9 +104,8 @@ class RunLock:
         )
 
 
-def _stale(holder: dict[str, Any]) -> bool:
+def _stale(holder: dict[str, Any], job_id: str) -> bool:
     """A lock file whose writer is gone: a dead pid on this host, or this job's earlier attempt."""
-    job_id = os.environ.get("SLURM_JOB_ID", "")
     if job_id and holder.get("job_id") == job_id:
         return True
     if holder.get("host") != socket.gethostname():
@@ -116,7 +120,8 @@ def _stale(holder: dict[str, Any]) -> bool:
 
 
 def holder(run_dir: pathlib.Path) -> dict[str, Any] | None:
-    """Who holds ``run_dir`` now (host, pid, job_id, since), or None if no run does."""
+    """Who holds ``run_dir`` now (host, pid, job_id, since), or None if no run does (asked from
+    outside any job: only a dead pid of this host makes a lock file stale)."""
     lock = RunLock(run_dir)
     try:
         fd = os.open(lock.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -125,7 +130,7 @@ def holder(run_dir: pathlib.Path) -> dict[str, Any] | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as err:
-        held = err.errno not in _NO_FLOCK or not _stale(lock._holder())
+        held = err.errno not in _NO_FLOCK or not _stale(lock._holder(), "")
         return lock._holder() if held else None
     finally:
         os.close(fd)  # closing also drops the shared lock taken to look

@@ -10,7 +10,6 @@ rank, its host and how much more work per step it takes than the median rank (`s
 """
 
 import contextlib
-import dataclasses
 import resource
 import statistics
 import sys
@@ -167,15 +166,6 @@ class RankFigures:
             return None
         rows = [dict(zip(FIELDS, part.tolist(), strict=True)) for part in self.parts]
         return {"step": step, **summarise(rows, self.hosts)}
-
-
-@dataclasses.dataclass(frozen=True)
-class Slowest:
-    """The rank with the longest steps in an interval, and by how much."""
-
-    rank: int
-    host: str
-    vs_median: float
 
 
 def summarise(rows: list[dict[str, float]], hosts: list[str]) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class Trainer:
         timeline: Timeline,
     ) -> RunOutcome:
         dist_cfg = self.config.dist
-        lock = RunLock(pathlib.Path(self.config.run.dir))  # rank 0 takes it in prepare
+        lock = RunLock(pathlib.Path(self.config.run.dir), env.job_id)  # rank 0, in prepare
         meeting = time.perf_counter()
         with (
             joined(

@@ -13,6 +13,7 @@ import pytest
 
 from hpcddp import exit_codes
 from hpcddp.storage.checkpoint import CheckpointStore
+from tests.fixtures.checkpoints import read
 from tests.fixtures.helpers import EXACT, QUICKSTART, REPO, summary, train_local, wait_until
 
 pytestmark = pytest.mark.slow
@@ -49,8 +50,9 @@ def test_kill_9_during_a_background_write_leaves_the_previous_checkpoint_latest(
         run.wait(timeout=30)
     finally:
         run.kill()
-    step, state = CheckpointStore(tmp_path).load_latest()
-    assert step == 2 and state["progress"]["step"] == 2
+    store = CheckpointStore(tmp_path)
+    step = store.latest_step()
+    assert step == 2 and read(store, store.path_for(step))["progress"]["step"] == 2
     assert writing(tmp_path, 4)  # the torn write is left as debris that resume never loads
 
 

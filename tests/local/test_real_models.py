@@ -140,7 +140,7 @@ def test_nan_at_step_8_on_rank_1_stops_every_rank_there_keeping_step_6(tmp_path)
     assert len(lines) == 1, result.stderr[-3000:]  # both ranks raised the same: printed once
     assert "at step 8 in the loss first on rank 1;" in lines[0]
     assert "checkpoint step 6 is the latest" in lines[0]
-    assert CheckpointStore(tmp_path).load_latest()[0] == 6
+    assert CheckpointStore(tmp_path).latest_step() == 6
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line).get("step") for line in lines]
     assert max(steps) == 7  # step 8 was not applied, logged or saved

@@ -32,7 +32,7 @@ def test_a_time_limit_shorter_than_the_stop_margin_is_refused_not_requeued(slurm
     assert state == "FAILED" and "Restarts=0" in fields, output[-3000:]
     refusals = [line for line in output.splitlines() if line.startswith("hpcddp: error: ")]
     assert len(refusals) == 1 and "within train.stop_before_end_s=120 s" in refusals[0]
-    assert "not requeued: bad input fails on every node" in output
+    assert "not retried: bad input fails on every node" in output
 
 
 def test_a_stale_end_time_and_a_relative_time_format_do_not_fool_the_deadline(

@@ -7,7 +7,7 @@ import time
 import yaml
 
 from hpcddp.config import load_config
-from tests.fixtures.helpers import ENDED, HOSTILE, QUICK, REPO, summary
+from tests.fixtures.helpers import ENDED, HOSTILE, QUICK, REPO, summary, wait_until
 
 
 def test_submits_a_two_node_job_from_another_directory(slurm_cluster, tmp_path):
@@ -67,8 +67,10 @@ def test_more_nodes_than_the_partition_has_is_one_line(slurm_cluster):
 
 # Stands in for Python on the nodes: like a trainer that checkpoints on the signal and cannot
 # requeue the job itself, it exits 75 (after a pause, so that under load no task is killed by
-# --kill-on-bad-exit before it reports the signal).
-FAKE_PYTHON = """#!/bin/bash
+# --kill-on-bad-exit before it reports the signal). hpcddp's policy helper, which the job
+# script asks what to do before and after the step, runs in the real Python.
+FAKE_PYTHON = f"""#!/bin/bash
+if [[ $1 == -m && $2 == hpcddp.slurm.policy ]]; then exec {sys.executable} "$@"; fi
 trap 'echo "task $SLURM_PROCID on $(hostname) got USR2"; sleep 3; exit 75' USR2
 echo "task $SLURM_PROCID started"
 while :; do sleep 0.1; done
@@ -117,7 +119,14 @@ def test_usr2_to_the_batch_shell_reaches_every_task_and_requeues(slurm_cluster, 
         output = wait_for_text(log, f"requeueing job {job_id}", timeout=30)
         got = {line for line in output.splitlines() if "got USR2" in line}
         assert got == {f"task {rank} on {hosts[rank // 2]} got USR2" for rank in range(4)}
-        fields = slurm_cluster.run("scontrol", "-o", "show", "job", job_id).stdout
-        assert "Restarts=1" in fields.split()
+        # the policy helper says why before the shell runs `scontrol requeue`
+        wait_until(
+            lambda: (
+                "Restarts=1"
+                in slurm_cluster.run("scontrol", "-o", "show", "job", job_id).stdout.split()
+            ),
+            f"job {job_id} requeued",
+            timeout=30,
+        )
     finally:
         slurm_cluster.run("scancel", job_id, check=False)

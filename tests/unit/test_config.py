@@ -6,7 +6,15 @@ import pytest
 import yaml
 
 from hpcddp.cli import main
-from hpcddp.config import Config, from_dict, load_config, reference
+from hpcddp.config import (
+    Config,
+    from_dict,
+    key_path,
+    load_config,
+    reference,
+    split_override,
+    with_overrides,
+)
 from hpcddp.config.loading import field_types, type_name
 from hpcddp.config.sections import field_help
 from hpcddp.errors import ConfigError
@@ -139,3 +147,48 @@ def test_regenerating_the_reference_keeps_the_rest_of_the_file(tmp_path):
     text = page.read_text()
     assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n")
     assert reference.as_markdown() in text and "\nold\n" not in text
+
+
+# -- one stop margin, one override-key rule, overrides on a Config ---------------------------
+
+
+def test_slurms_signal_may_not_come_before_the_trainers_stop_margin():
+    with pytest.raises(
+        ConfigError,
+        match=r"slurm.signal_delay_s=300 is longer than "
+        r"train.stop_before_end_s=120.*HINT: raise train.stop_before_end_s",
+    ):
+        load_config(None, ["slurm.signal_delay_s=300"])
+    both = load_config(None, ["slurm.signal_delay_s=300", "train.stop_before_end_s=300"])
+    assert (both.slurm.signal_delay_s, both.train.stop_before_end_s) == (300, 300)
+    assert load_config(None, ["train.stop_before_end_s=150"]).slurm.signal_delay_s == 120
+
+
+@pytest.mark.parametrize("key", ["optim.lr", "model.kwargs.hidden_2", "_x"])
+def test_one_rule_for_keys(key):
+    assert key_path(key) == key.split(".")
+
+
+@pytest.mark.parametrize("key", ["", "optim.", ".lr", "optim..lr", "1x", "optim.l r", "a-b", "é"])
+def test_keys_that_name_no_setting_are_refused_everywhere(key):
+    from hpcddp.slurm import jobscript, submission
+
+    assert key_path(key) is None
+    with pytest.raises(ConfigError, match="is not of the form section.key=value"):
+        split_override(f"{key}=1")
+    with pytest.raises(ConfigError, match="is not of the form section.key"):
+        jobscript.render(Config(), None, [f"{key}=1"])
+    with pytest.raises(ConfigError, match="is not of the form section.key"):
+        submission.sweep_points({key: [1]})
+
+
+def test_overrides_on_a_config_equal_overrides_on_its_yaml_and_leave_it_alone():
+    texts = ["optim.lr=0.5", "run.name=123", "model.kwargs.hidden=7", "slurm.nodes=3"]
+    base = load_config("examples/quickstart.yaml")
+    changed = with_overrides(base, texts)
+    assert changed == load_config("examples/quickstart.yaml", texts)
+    assert changed.run.name == "123" and base.optim.lr != 0.5  # the original is untouched
+    with pytest.raises(ConfigError, match="unknown key optim.lrr.*did you mean optim.lr"):
+        with_overrides(base, ["optim.lrr=1"])
+    with pytest.raises(ConfigError, match="slurm.nodes must be > 0"):
+        with_overrides(base, ["slurm.nodes=0"])

@@ -31,6 +31,17 @@ shift
 exec "$@"
 """
 )
+# The stand-in srun for pyxis: record, and run hpcddp's policy helper (an srun of one task
+# inside the image) as the real one would; the ranks' step is only recorded.
+PYXIS_SRUN = (
+    RECORD
+    + """
+if [[ " $* " == *" hpcddp.slurm.policy "* ]]; then
+    while [[ $1 == --* ]]; do shift; done
+    exec "$@"
+fi
+"""
+)
 SINFO = "#!/bin/bash\nprintf 'n1 idle\\nn2 mixed\\nn3 idle\\n'\n"
 
 
@@ -113,9 +124,11 @@ def test_the_container_gets_the_gpus_whenever_slurm_gave_some(
 
 
 def test_pyxis_enters_the_image_through_srun_options(job, tmp_path):
-    done = job(PYXIS, check=True)
+    done = job(PYXIS, check=True, srun=PYXIS_SRUN)
     assert done.returncode == 0, done.stderr
-    (srun,) = calls(tmp_path, "srun")
+    helper, srun, helper_after = calls(tmp_path, "srun")
+    assert helper[:2] == ["--nodes=1", "--ntasks=1"] and "hpcddp.slurm.policy" in helper
+    assert helper_after[helper_after.index("hpcddp.slurm.policy") + 1] == "after"
     assert srun[:4] == [
         "--kill-on-bad-exit=1",
         "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
@@ -140,7 +153,14 @@ def test_a_dead_rank_requeues_the_job_without_its_node_from_outside_the_containe
     assert "srun: error: n2: task 3: Killed" in done.stderr  # still in the job's output
     # the helper ran inside the container, Slurm's tools outside it
     helper = calls(tmp_path, "apptainer")[-1]
-    assert helper[-12:-8] == [sys.executable, "-m", "hpcddp.slurm.retry", "--status"]
+    python = helper.index(sys.executable)
+    assert helper[python : python + 5] == [
+        sys.executable,
+        "-m",
+        "hpcddp.slurm.policy",
+        "after",
+        "--status",
+    ]
     assert calls(tmp_path, "scontrol") == [
         ["-o", "show", "job", "4242"],
         ["requeue", "4242"],
@@ -153,7 +173,7 @@ def test_a_dead_rank_requeues_the_job_without_its_node_from_outside_the_containe
 def test_a_second_failure_without_progress_stops(job, tmp_path):
     job({}, srun=DYING_SRUN)
     done = job({}, srun=DYING_SRUN)  # the requeued attempt dies the same way, no step saved
-    assert done.returncode == 137 and "not requeued: this retry gained no step" in done.stderr
+    assert done.returncode == 137 and "not retried: this retry gained no step" in done.stderr
     assert [c[0] for c in calls(tmp_path, "scontrol")].count("requeue") == 1
 
 
@@ -161,7 +181,7 @@ def test_bad_input_is_never_retried(job, tmp_path):
     done = job(
         {}, srun=RECORD + 'echo "srun: error: n1: task 0: Exited with exit code 2" >&2\nexit 2\n'
     )
-    assert done.returncode == 2 and "not requeued: bad input fails on every node" in done.stderr
+    assert done.returncode == 2 and "not retried: bad input fails on every node" in done.stderr
     assert [c[0] for c in calls(tmp_path, "scontrol")] == ["-o"]
 
 
@@ -177,7 +197,8 @@ def test_the_first_ranks_exit_75_is_the_steps_answer_and_the_shell_requeues(job,
     done = job({"container": APPTAINER["container"]}, srun=STOPPED_SRUN)
     assert done.returncode == 75
     assert "hpcddp: the step stopped to be requeued; requeueing job 4242" in done.stderr
-    assert calls(tmp_path, "scontrol") == [["requeue", "4242"]]  # no node blamed
+    requeues = [c for c in calls(tmp_path, "scontrol") if c[0] != "-o"]
+    assert requeues == [["requeue", "4242"]]  # no node blamed
     assert not (tmp_path / "run" / "attempts.jsonl").exists()
 
 

@@ -11,6 +11,7 @@ from hpcddp.launch.resolve import resolve_env
 from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.state import Progress
+from tests.fixtures.checkpoints import read
 
 
 def trained():
@@ -46,8 +47,9 @@ def test_a_background_save_is_waited_for_and_then_loads(tmp_path):
     saver.wait()
     with torch.no_grad():
         state.model.weight.add_(1)  # training moved on after the snapshot
-    step, loaded = CheckpointStore(tmp_path).load_latest()
-    assert step == 1 and loaded["progress"]["epoch"] == 1
+    store = CheckpointStore(tmp_path)
+    loaded = read(store, store.path_for(1))
+    assert store.latest_step() == 1 and loaded["progress"]["epoch"] == 1
     assert not torch.equal(loaded["model"]["weight"], state.model.weight)
 
 

@@ -73,9 +73,8 @@ def no_flock(monkeypatch):
 )
 def test_without_flock_an_exclusive_file_stands_in(tmp_path, no_flock, monkeypatch, holder,
                                                    taken_over):  # fmt: skip
-    monkeypatch.setenv("SLURM_JOB_ID", "77")
     (tmp_path / ".lock").write_text(json.dumps(holder))
-    lock = RunLock(tmp_path)
+    lock = RunLock(tmp_path, job_id="77")  # this process belongs to job 77
     if taken_over:
         lock.acquire()
         assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()

@@ -7,6 +7,7 @@ import torch
 from hpcddp.storage import mapped
 from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.storage.snapshot import Snapshot
+from tests.fixtures.checkpoints import read
 
 
 def test_a_snapshot_is_a_copy_that_reuses_its_buffers_and_keeps_ties():
@@ -28,7 +29,7 @@ def test_a_mapped_load_copies_into_a_module_and_materializes_the_rest(tmp_path):
     model, fresh = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
     store = CheckpointStore(tmp_path)
     path = store.save(1, {"model": model.state_dict(), "opt": {"m": torch.arange(5.0)}})
-    state = store.load(path)
+    state = read(store, path)
     assert mapped.copy_into(fresh.state_dict(), state["model"])
     assert torch.equal(fresh.weight, model.weight)
     opt = mapped.materialize(state["opt"])
@@ -41,7 +42,7 @@ def test_released_pages_leave_the_process(tmp_path):
     """64 MB mapped and read: resident; released: gone again (the page cache keeps them)."""
     store = CheckpointStore(tmp_path)
     path = store.save(1, {"big": torch.ones(16 << 20)})
-    big = store.load(path)["big"]
+    big = read(store, path)["big"]
     process = psutil.Process()
     before = process.memory_info().rss
     assert big.sum().item() == 16 << 20  # touch every page
