@@ -51,6 +51,15 @@ class Failure:
         node, tasks, how = found.groups()
         return cls(status, node, f"{tasks} on {node}: {how}")
 
+    @classmethod
+    def from_hang(cls, status: int, verdict: Mapping[str, Any]) -> "Failure":
+        """The hang watchdog's verdict (`hpcddp.comm.watchdog`) names the node, not srun: a
+        rank too stuck to end itself is ended by another, whose node srun then names."""
+        hosts = list(verdict.get("hosts", []))
+        ranks = ",".join(str(r) for r in verdict.get("ranks", []))
+        where = f" on {hosts[0]}" if len(hosts) == 1 else ""
+        return cls(status, hosts[0] if len(hosts) == 1 else "", f"rank {ranks}{where}: hung")
+
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
@@ -158,15 +167,20 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         print(f"hpcddp: {failure.what}; not requeued: {err}", file=sys.stderr)
         print("stop")
         return exit_codes.OK
+    restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    verdict = attempts.hang_verdict(config.run.dir, now.job, restart)
+    if verdict is not None:
+        failure = Failure.from_hang(failure.status, verdict)
     decision = decide(failure, now)
     os.makedirs(config.run.dir, exist_ok=True)  # the ranks may have died before making it
     attempts.record(
         config.run.dir,
         job=now.job,
-        restart=int(environ.get("SLURM_RESTART_COUNT") or 0),
+        restart=restart,
         nodes=list(_hosts(environ.get("SLURM_JOB_NODELIST", ""))),
         cause=f"{FAILED}: {failure.what}",
         excluded=list(decision.exclude),
+        times={"detected": verdict["detected"]} if verdict else None,
     )
     print(decision.message, file=sys.stderr, flush=True)
     print(decision.as_output(), flush=True)

@@ -4,9 +4,16 @@
 run stops or finishes, or by the job script's retry helper (`hpcddp.slurm.retry`) when a rank
 died, since a dead rank writes nothing. `history` lists them for the run's summary.
 
+Recovery is timed on the same file. A failed attempt's line holds when the failure was
+detected (the hang watchdog's verdict; a death is seen as the step ends) and its ``time``,
+when all its ranks were gone. Rank 0 of every attempt adds a ``start`` line after its first
+step: when its process started, when its checkpoint was loaded, when that first step was done.
+`last_recovery` pairs the last failure with the start after it, for `hpcddp status`.
+
 Torch-free, so the job script's helper can read it without importing torch.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -64,21 +71,50 @@ def record(
     step: int | None = None,
     from_step: int | None = None,
     excluded: list[str] | None = None,
+    times: dict[str, float] | None = None,
 ) -> None:
     """Record one attempt once it ended: where it ran, why it ended, the steps it spanned.
 
     ``step`` defaults to the newest saved checkpoint (what the next attempt resumes from),
-    ``from_step`` to where the previous attempt ended.
+    ``from_step`` to where the previous attempt ended. ``times`` are its recovery times
+    (``detected`` for a failure; ``started``, ``loaded``, ``first_step`` for its start).
     """
     entry: dict[str, Any] = {"job": job, "restart": restart, "nodes": nodes, "cause": cause}
     entry["from_step"] = last_step(run_dir) if from_step is None else from_step
     entry["step"] = saved_step(run_dir) if step is None else step
     if excluded:
         entry["excluded"] = excluded
+    entry.update(times or {})
     _append(run_dir, entry)
 
 
+def record_start(
+    run_dir: str | os.PathLike[str], *, job: str, restart: int, times: dict[str, float]
+) -> None:
+    """Rank 0, after its attempt's first step: the times of its start (see the docstring)."""
+    _append(run_dir, {"kind": "start", "job": job, "restart": restart, **times})
+
+
+def hang_dir(run_dir: str | os.PathLike[str], job: str, restart: int) -> pathlib.Path:
+    """Where one attempt's hang watchdog writes every rank's stacks and its verdict."""
+    return pathlib.Path(run_dir) / "logs" / "hang" / f"job-{job or 'local'}.{restart}"
+
+
+def hang_verdict(run_dir: str | os.PathLike[str], job: str, restart: int) -> dict[str, Any] | None:
+    """The attempt's hang verdict (`hpcddp.comm.watchdog`), if its watchdog found a hang."""
+    try:
+        found = json.loads((hang_dir(run_dir, job, restart) / "verdict.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every attempt's line, in order (not the ``start`` lines)."""
+    return [r for r in _lines(run_dir) if r.get("kind", "attempt") == "attempt"]
+
+
+def _lines(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every readable line, in order (a line cut short by a crash is skipped)."""
     try:
         lines = (pathlib.Path(run_dir) / FILE).read_text().splitlines()
@@ -119,3 +155,48 @@ def as_lines(attempts: list[dict[str, Any]]) -> list[str]:
             f"{','.join(a['nodes'])}: {a['cause']}, +{a['steps_gained']} steps{avoided}"
         )
     return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """From a failure to the first step after it: wall-clock times (seconds since the epoch)."""
+
+    cause: str
+    detected: float  # the hang watchdog's verdict, or the step's end for a death
+    gone: float  # every rank of the failed attempt gone (the job script's helper ran)
+    started: float | None = None  # the next attempt's processes started
+    loaded: float | None = None  # its checkpoint loaded
+    first_step: float | None = None  # its first step done
+
+    def as_line(self) -> str:
+        """``failed: ...; detected 12:00:01, ranks gone +1.0 s, started +130.2 s, ...``."""
+        when = time.strftime("%H:%M:%S", time.localtime(self.detected))
+        parts = [f"{self.cause}; detected {when}"]
+        for label, value in (
+            ("ranks gone", self.gone),
+            ("started", self.started),
+            ("checkpoint loaded", self.loaded),
+            ("first step", self.first_step),
+        ):
+            parts.append(
+                f"{label} " + ("-" if value is None else f"+{value - self.detected:.1f} s")
+            )
+        return ", ".join(parts)
+
+
+def last_recovery(run_dir: str | os.PathLike[str]) -> Recovery | None:
+    """The last failure and, once the attempt after it has stepped, that attempt's start."""
+    lines = _lines(run_dir)
+    failed = [i for i, r in enumerate(lines) if str(r.get("cause", "")).startswith("failed")]
+    if not failed:
+        return None
+    failure = lines[failed[-1]]
+    gone = float(failure.get("time", 0.0))
+    after = [r for r in lines[failed[-1] + 1 :] if r.get("kind") == "start"]
+    start = after[0] if after else {}
+    return Recovery(
+        cause=str(failure.get("cause", "")),
+        detected=float(failure.get("detected", gone)),
+        gone=gone,
+        **{name: start.get(name) for name in ("started", "loaded", "first_step")},
+    )

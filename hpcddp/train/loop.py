@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcddp.comm import collectives, failures
+from hpcddp.comm import collectives, failures, hang, watchdog
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError, DistributedError, NonFiniteError
 from hpcddp.launch import deadline, requeue
@@ -49,7 +49,7 @@ from hpcddp.train.state import Progress, weights_sha256
 from hpcddp.train.step_reports import Reports
 from hpcddp.train.stepping import Stepper
 from hpcddp.train.task import Task
-from hpcddp.train.timeline import Timeline, summarise, table
+from hpcddp.train.timeline import Timeline, since_process_start, summarise, table
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,8 @@ class TrainingRun:
         self.resumed_step = 0  # where this attempt started
         self.last_eval: dict[str, float] | None = None
         self.bar = ProgressBar(enabled=env.is_main)
+        self.beat = hang.Beat()  # the hang watchdog's view of the loop (`hpcddp.comm.watchdog`)
+        self.started: dict[str, float] = {}  # this attempt's start times, for recovery
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -141,13 +143,25 @@ class TrainingRun:
                 )
             self.reports.flops_per_sample = counted() / max(batches.size_of(first), 1)
             self._resume()
+            self.started = {"started": round(time.time() - since_process_start(), 3),
+                            "loaded": round(time.time(), 3)}  # fmt: skip
             collectives.on_rank_zero(
                 lambda: self.reports.open(self.run_dir, self.progress.step),
                 self.env.rank,
                 "open metrics.jsonl",
             )
             self.deadline = self._deadline()
-            reason = self._train()
+            self.beat.step = self.progress.step
+            dog = watchdog.watching(
+                self.beat, self.cfg.dist.hang_timeout_s, self.cfg.dist.hang_slow_phase_s,
+                self.env, attempts.hang_dir(self.run_dir, self.attempt.job, self.attempt.restart),
+                self.attempt.restart,
+            )  # fmt: skip
+            try:
+                reason = self._train()
+            finally:
+                if dog is not None:
+                    dog.stop()
             self.train_ended = time.perf_counter()
             self.reports.write()
             self.vote.result()  # drain the last vote so no collective is left in flight
@@ -229,7 +243,18 @@ class TrainingRun:
             cause=cause,
             step=self.progress.step,
             from_step=self.resumed_step,
+            times=self.started,
         )
+
+    def _record_start(self) -> None:
+        """Rank 0, after the attempt's first step: its start times (`hpcddp.storage.attempts`)."""
+        self.started["first_step"] = round(time.time(), 3)
+        try:
+            attempts.record_start(
+                self.run_dir, job=self.attempt.job, restart=self.attempt.restart, times=self.started
+            )
+        except OSError as err:  # a timing record is not worth the run
+            log.warning("could not record this attempt's start times: %s", err)
 
     def _refuse_endless_requeue(self) -> None:
         """The stop time passed within the attempt's first step: a requeue would gain one step."""
@@ -261,6 +286,9 @@ class TrainingRun:
                 left -= window
                 self.progress.batch += window
                 self.progress.step += 1
+                self.beat.step = self.progress.step  # read by the hang watchdog's thread
+                if self.progress.step == self.resumed_step + 1 and self.env.is_main:
+                    self._record_start()
                 if self._stop_for_nonfinite(nonfinite, loss):
                     return preemption.STOP_NONFINITE
                 if not self.buffers_ready:  # the optimizer has its state now
@@ -396,9 +424,11 @@ class TrainingRun:
     def _outside_steps(self, phase: str) -> Iterator[None]:
         """Time an evaluation or a save for the timeline, and keep it out of step times."""
         started = time.perf_counter()
+        self.beat.phase = phase  # its own, longer hang budget
         try:
             yield
         finally:
+            self.beat.phase = hang.STEPS
             spent = time.perf_counter() - started
             self.timeline.add(phase, spent)
             self.clock.exclude(spent)
