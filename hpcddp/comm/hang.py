@@ -11,6 +11,7 @@ in a thread; the clock is passed in, so the unit tests drive them with a fake on
 
 import dataclasses
 import pathlib
+import sysconfig
 from collections.abc import Mapping
 from types import FrameType
 
@@ -21,6 +22,9 @@ SLOW_PHASES = ("checkpoint", "evaluation")  # the loop's own names for what it t
 # Where a main thread waits for the other ranks: torch's collectives, the autograd engine (DDP
 # waits for its gradient all-reduce at the end of backward) and hpcddp's own waits.
 _WAITING_IN = ("torch/distributed/", "torch/autograd/", "hpcddp/comm/")
+# Frames of Python's own library (threading, queue, selectors) say how a thread waits, not
+# whose wait it is: the first frame outside it does.
+_STDLIB = pathlib.PurePath(sysconfig.get_paths()["stdlib"]).as_posix() + "/"
 
 
 @dataclasses.dataclass
@@ -98,20 +102,30 @@ def behind(reports: Mapping[int, Report], world_size: int) -> list[int]:
     return outside or last
 
 
+def _filename(frame: FrameType) -> str:
+    return pathlib.PurePath(frame.f_code.co_filename).as_posix()
+
+
+def own_frame(frame: FrameType | None) -> FrameType | None:
+    """A thread's innermost frame outside Python's own library (the innermost if all are)."""
+    found = frame
+    while found is not None and _filename(found).startswith(_STDLIB):
+        found = found.f_back
+    return found or frame
+
+
 def innermost(frame: FrameType | None) -> str:
-    """``file:line in function`` of a thread's innermost Python frame."""
+    """``file:line in function`` of a thread's innermost frame outside Python's library."""
+    frame = own_frame(frame)
     if frame is None:
         return "no Python frame"
-    code = frame.f_code
-    return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
 def waiting_in_collective(frame: FrameType | None) -> bool:
-    """Whether the innermost Python frame is where a rank waits for others (see _WAITING_IN)."""
-    if frame is None:
-        return False
-    filename = pathlib.PurePath(frame.f_code.co_filename).as_posix()
-    return any(part in filename for part in _WAITING_IN)
+    """Whether a thread's innermost own frame (`own_frame`) waits for others (_WAITING_IN)."""
+    frame = own_frame(frame)
+    return frame is not None and any(part in _filename(frame) for part in _WAITING_IN)
 
 
 def message(hung: list[Report], silent: list[int], budget_s: float, stacks: str) -> str:
