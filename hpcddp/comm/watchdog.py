@@ -28,6 +28,7 @@ import torch.distributed as dist
 from hpcddp import exit_codes
 from hpcddp.comm import hang
 from hpcddp.comm.stacks import dump_stacks
+from hpcddp.launch import error_reports
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.storage.atomic import atomic_write_text
 
@@ -156,8 +157,13 @@ class Watchdog:
         # the node to exclude from the verdict, not from the rank that exited.
         ending = rank in ranks or (verdict["silent"] and rank == verdict["decided_by"])
         first = rank == min(ranks) or (rank == verdict["decided_by"] and verdict["silent"])
-        log.log(logging.ERROR if first else logging.WARNING, "%s", verdict["message"],
-                extra=None if first else _FILE_ONLY)  # fmt: skip
+        report_file = os.environ.get(error_reports.REPORT_FILE_VAR)
+        if first and report_file:  # `hpcddp train --nproc`: its launcher prints it, once
+            found = error_reports.Report(rank, self.place.host, exit_codes.HUNG, verdict["message"])
+            error_reports.write(report_file, found)
+        console = first and not report_file
+        log.log(logging.ERROR if console else logging.WARNING, "%s", verdict["message"],
+                extra=None if console else _FILE_ONLY)  # fmt: skip
         if ending:
             self.end(exit_codes.HUNG)
 

@@ -4,11 +4,12 @@
 run stops or finishes, or by the job script's retry helper (`hpcddp.slurm.retry`) when a rank
 died, since a dead rank writes nothing. `history` lists them for the run's summary.
 
-Recovery is timed on the same file. A failed attempt's line holds when the failure was
-detected (the hang watchdog's verdict; a death is seen as the step ends) and its ``time``,
-when all its ranks were gone. Rank 0 of every attempt adds a ``start`` line after its first
-step: when its process started, when its checkpoint was loaded, when that first step was done.
-`last_recovery` pairs the last failure with the start after it, for `hpcddp status`.
+Recovery is timed too. A failed attempt's line holds when the failure was detected (the hang
+watchdog's verdict; a death is seen as the step ends) and its ``time``, when all its ranks were
+gone. Rank 0 of every attempt writes a line to ``RUN_DIR/starts.jsonl`` after its first step
+(when its process started, when its checkpoint was loaded, when that first step was done),
+and the same times go into its own attempt line when it ends. `last_recovery` pairs the last
+failure with the first start after it, for `hpcddp status`, while the new attempt still runs.
 
 Torch-free, so the job script's helper can read it without importing torch.
 """
@@ -25,6 +26,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 FILE = "attempts.jsonl"
+STARTS = "starts.jsonl"
 # The names `hpcddp.storage.checkpoint.CheckpointStore` gives complete checkpoints (the .pt and
 # its .sha256 sidecar); a test keeps the two in step.
 _CHECKPOINT = re.compile(r"^step-(\d{8,})\.pt$")
@@ -41,11 +43,11 @@ def saved_step(run_dir: str | os.PathLike[str]) -> int:
     return max(steps, default=0)
 
 
-def _append(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> None:
+def _append(run_dir: str | os.PathLike[str], record: dict[str, Any], name: str = FILE) -> None:
     """One JSON line, written whole with one write(); a torn last line is skipped on read, and
     the next line starts on a line of its own."""
     line = json.dumps({**record, "time": round(time.time(), 3)}) + "\n"
-    with open(pathlib.Path(run_dir) / FILE, "a+b") as out:
+    with open(pathlib.Path(run_dir) / name, "a+b") as out:
         if out.seek(0, os.SEEK_END) > 0:
             out.seek(-1, os.SEEK_END)
             if out.read(1) != b"\n":
@@ -92,7 +94,7 @@ def record_start(
     run_dir: str | os.PathLike[str], *, job: str, restart: int, times: dict[str, float]
 ) -> None:
     """Rank 0, after its attempt's first step: the times of its start (see the docstring)."""
-    _append(run_dir, {"kind": "start", "job": job, "restart": restart, **times})
+    _append(run_dir, {"job": job, "restart": restart, **times}, STARTS)
 
 
 def hang_dir(run_dir: str | os.PathLike[str], job: str, restart: int) -> pathlib.Path:
@@ -109,15 +111,10 @@ def hang_verdict(run_dir: str | os.PathLike[str], job: str, restart: int) -> dic
     return found if isinstance(found, dict) else None
 
 
-def records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every attempt's line, in order (not the ``start`` lines)."""
-    return [r for r in _lines(run_dir) if r.get("kind", "attempt") == "attempt"]
-
-
-def _lines(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def records(run_dir: str | os.PathLike[str], name: str = FILE) -> list[dict[str, Any]]:
     """Every readable line, in order (a line cut short by a crash is skipped)."""
     try:
-        lines = (pathlib.Path(run_dir) / FILE).read_text().splitlines()
+        lines = (pathlib.Path(run_dir) / name).read_text().splitlines()
     except OSError:
         return []
     found = []
@@ -125,7 +122,7 @@ def _lines(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         try:
             found.append(json.loads(line))
         except ValueError:
-            log.warning("skipping a damaged line of %s: %r", FILE, line[:80])
+            log.warning("skipping a damaged line of %s: %r", name, line[:80])
     return found
 
 
@@ -186,13 +183,12 @@ class Recovery:
 
 def last_recovery(run_dir: str | os.PathLike[str]) -> Recovery | None:
     """The last failure and, once the attempt after it has stepped, that attempt's start."""
-    lines = _lines(run_dir)
-    failed = [i for i, r in enumerate(lines) if str(r.get("cause", "")).startswith("failed")]
+    failed = [r for r in records(run_dir) if str(r.get("cause", "")).startswith("failed")]
     if not failed:
         return None
-    failure = lines[failed[-1]]
+    failure = failed[-1]
     gone = float(failure.get("time", 0.0))
-    after = [r for r in lines[failed[-1] + 1 :] if r.get("kind") == "start"]
+    after = [r for r in records(run_dir, STARTS) if float(r.get("time", 0.0)) >= gone]
     start = after[0] if after else {}
     return Recovery(
         cause=str(failure.get("cause", "")),

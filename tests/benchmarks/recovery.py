@@ -8,7 +8,7 @@ Usage (root, from the repository root)::
     python -m tests.benchmarks.recovery --slurm-conf PATH    # on a running cluster (3+ nodes)
 
 Each run is a real ``sbatch`` job of the quickstart on two nodes, one rank per node. Once it
-trains, the benchmark names the second node as bad: its rank dies at its next step
+has logged a step, the benchmark names the second node as bad: its rank dies at its next step
 (`tests.fixtures.bad_node`) or hangs there (`tests.fixtures.hang_node`, with
 ``dist.hang_timeout_s``). The times come from the run's own records
 (`hpcddp.storage.attempts.last_recovery`): failure detected, every rank gone, the next attempt
@@ -84,6 +84,7 @@ def submit(
     config = [
         f"run.dir={work / 'run'}", "data.kwargs={train_size: 4096, eval_size: 256}",
         "data.batch_size=32", "train.epochs=3", "train.checkpoint_every_steps=8",
+        "train.log_every_steps=1",
         f"model.factory={FIXTURES[failure]}:make_model", f"model.kwargs={kwargs}",
         *([f"dist.hang_timeout_s={HANG_TIMEOUT_S}"] if failure == "hang" else []),
         *(["slurm.spare_nodes=1"] if arm == "spare" else []),
@@ -107,7 +108,7 @@ def one_run(env: dict[str, str], arm: str, failure: str, work: pathlib.Path, hol
     job, bad = submit(env, arm, failure, work)
     try:
         wait_for(env, job, lambda f: f.get("JobState") == "RUNNING", "start", timeout=120)
-        time.sleep(3)  # into training (the first steps are the slow ones)
+        training(work / "run" / "metrics.jsonl", timeout=300)  # start-up is not the failure's
         hosts = slurm(env, "scontrol", "show", "hostnames", fields(env, job)["NodeList"]).split()
         bad.write_text(hosts[1])
         named = time.time()
@@ -129,6 +130,16 @@ def one_run(env: dict[str, str], arm: str, failure: str, work: pathlib.Path, hol
              "loaded": rec.loaded, "first_step": rec.first_step}  # fmt: skip
     seconds: dict = {name: (at or named) - named for name, at in times.items()}
     return {**seconds, "restarts": fields(env, job).get("Restarts")}
+
+
+def training(metrics: pathlib.Path, timeout: float) -> None:
+    """Wait until rank 0 has logged a step: the ranks train, and fail within their next step."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metrics.exists() and '"step"' in metrics.read_text():
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"no step logged in {metrics} within {timeout:.0f} s")
 
 
 def _requeued(shown: dict[str, str]) -> bool:

@@ -10,7 +10,7 @@ from hpcddp.slurm import status as job_status
 from hpcddp.storage import attempts
 from tests.unit.test_submission import fake_run, make_record
 
-FAILED_AT = 1_800_000_000.0
+FAILED_AT = 1_700_000_000.0  # in the past: the restart's lines are written now
 
 
 def fail_then_restart(run_dir, detected: float | None = FAILED_AT) -> None:
@@ -56,6 +56,7 @@ def test_a_death_is_detected_when_its_step_ends_and_a_restart_not_yet_stepped_sh
 def test_start_lines_are_not_attempts(tmp_path):
     fail_then_restart(tmp_path)
     assert len(attempts.records(tmp_path)) == 1 and attempts.last_step(tmp_path) == 40
+    assert len((tmp_path / attempts.FILE).read_text().splitlines()) == 1
     assert [a["cause"] for a in attempts.history(tmp_path)] == ["failed: rank 1 on n1: hung"]
 
 
