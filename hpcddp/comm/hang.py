@@ -12,7 +12,7 @@ in a thread; the clock is passed in, so the unit tests drive them with a fake on
 import dataclasses
 import pathlib
 import sysconfig
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import FrameType
 
 FIRST_STEP = "first step"
@@ -86,14 +86,15 @@ class Report:
     stalled_s: float = 0.0
 
 
-def behind(reports: Mapping[int, Report], world_size: int) -> list[int]:
+def behind(reports: Mapping[int, Report], world_size: int, done: Collection[int] = ()) -> list[int]:
     """The ranks the others wait for.
 
-    A rank that sent no report hangs so hard its own watchdog cannot run (it holds the
+    A rank that sent no report and did not finish training (``done``: a hang in the last step
+    leaves the others past it) hangs so hard its own watchdog cannot run (it holds the
     interpreter): it is behind. Otherwise the ranks at the lowest completed step, and of those
     the ones not waiting inside a collective, if any; if every rank waits, all of the lowest.
     """
-    silent = [rank for rank in range(world_size) if rank not in reports]
+    silent = [rank for rank in range(world_size) if rank not in reports and rank not in done]
     if silent:
         return silent
     lowest = min(r.step for r in reports.values())

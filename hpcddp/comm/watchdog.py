@@ -96,6 +96,10 @@ class Watchdog:
             if stalled is not None and not self.stopped.is_set():
                 self.on_stall(stalled)
                 return
+        try:  # training ended here: a rank still stepping is not waiting for this one
+            self.store.set(f"done/{self.place.rank}", str(self.beat.step))
+        except Exception:  # the store may be gone with rank 0 at the very end: nothing to tell
+            log.debug("could not tell the store training ended", exc_info=True)
 
     def on_stall(self, stalled_s: float) -> None:
         """Dump, report, let the first reporter decide, then act on the verdict."""
@@ -125,16 +129,19 @@ class Watchdog:
 
     def _decide(self) -> None:
         """The first reporter: wait for every report (or the grace), name the hung, publish."""
-        keys = [f"report/{rank}" for rank in range(self.place.world_size)]
+        world = range(self.place.world_size)
         deadline = self.clock() + self.grace_s
-        while not self.store.check(keys) and self.clock() < deadline:
+        while self.clock() < deadline:
+            if all(self._has(f"report/{r}") or self._has(f"done/{r}") for r in world):
+                break
             time.sleep(0.05)
         reports = {
-            rank: hang.Report(**json.loads(self.store.get(key)))
-            for rank, key in enumerate(keys)
-            if self.store.check([key])
+            rank: hang.Report(**json.loads(self.store.get(f"report/{rank}")))
+            for rank in world
+            if self._has(f"report/{rank}")
         }
-        ranks = hang.behind(reports, self.place.world_size)
+        done = [rank for rank in world if rank not in reports and self._has(f"done/{rank}")]
+        ranks = hang.behind(reports, self.place.world_size, done)
         hung = [reports[r] for r in ranks if r in reports]
         silent = [r for r in ranks if r not in reports]
         verdict = {
@@ -149,6 +156,9 @@ class Watchdog:
         text = json.dumps(verdict, indent=2) + "\n"
         atomic_write_text(self.place.stacks_dir / VERDICT, text)
         self.store.set("verdict", text)
+
+    def _has(self, key: str) -> bool:
+        return self.store.check([key])
 
     def _act(self, verdict: dict[str, Any]) -> None:
         """A hung rank ends as a rank death; the others keep waiting until the step ends."""

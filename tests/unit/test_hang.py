@@ -90,6 +90,13 @@ def test_a_rank_that_never_reports_is_behind():
     assert hang.behind(reports, 3) == [1]
 
 
+def test_a_rank_that_finished_training_is_not_silent_but_ahead():
+    """A hang in the last step: the others finished and wait in the closing collectives."""
+    reports = {1: report(1, 95, False)}
+    assert hang.behind(reports, 3, done=[0, 2]) == [1]
+    assert hang.behind(reports, 3) == [0, 2]  # without knowing, they would look silent
+
+
 def test_when_every_rank_waits_all_of_the_lowest_are_named():
     reports = {0: report(0, 12, True), 1: report(1, 12, True)}
     assert hang.behind(reports, 2) == [0, 1]
@@ -173,6 +180,7 @@ def test_two_ranks_stall_and_only_the_one_outside_the_collective_is_ended(tmp_pa
                        end=lambda status, rank=rank: ended.setdefault(rank, status),
                        main_thread=main.ident)  # fmt: skip
         dog.timer = hang.StallTimer(dog.budget, first_step=0, now=clock())  # past its first step
+        dog.timer.stalled_s(beat.step, hang.STEPS, clock())  # its last step was done now
         dogs.append(dog.start())
     try:
         time.sleep(0.3)
@@ -205,3 +213,32 @@ def test_a_watchdog_that_is_stopped_never_acts(tmp_path):
     clock.now += 100.0
     dog.thread.join(timeout=5)
     assert not dog.thread.is_alive() and not ended and not (tmp_path / "hang").exists()
+
+
+def test_a_hang_in_the_last_step_names_the_rank_still_in_it(tmp_path):
+    """Rank 0 finished training (its watchdog says so on stopping); rank 1 hangs in the last
+    step: rank 1 is named at once, not rank 0 for staying silent."""
+    store, clock, release = dist.HashStore(), FakeClock(), threading.Event()
+    main = stuck_in_user_code(release)
+    main.start()
+    ended: dict[int, int] = {}
+    dogs = []
+    for rank, step in ((0, 96), (1, 95)):
+        place = Place(rank, 2, f"n{rank}", tmp_path / "hang")
+        dog = Watchdog(hang.Beat(step=step), hang.Budget(5.0, 50.0), place, store, clock=clock,
+                       end=lambda status, rank=rank: ended.setdefault(rank, status),
+                       main_thread=main.ident)  # fmt: skip
+        dog.timer = hang.StallTimer(dog.budget, first_step=0, now=clock())
+        dog.timer.stalled_s(step, hang.STEPS, clock())  # its last step was done now
+        dogs.append(dog.start())
+    try:
+        dogs[0].stop()
+        dogs[0].thread.join(timeout=5)
+        assert store.check(["done/0"])
+        clock.now += 6.0
+        dogs[1].thread.join(timeout=60)
+        assert ended == {1: exit_codes.HUNG}
+        verdict = json.loads((tmp_path / "hang" / VERDICT).read_text())
+        assert (verdict["ranks"], verdict["silent"]) == ([1], [])
+    finally:
+        release.set()
