@@ -6,10 +6,11 @@ died, since a dead rank writes nothing. `history` lists them for the run's summa
 
 Recovery is timed too. A failed attempt's line holds when the failure was detected (the hang
 watchdog's verdict; a death is seen as the step ends) and its ``time``, when all its ranks were
-gone. Rank 0 of every attempt writes a line to ``RUN_DIR/starts.jsonl`` after its first step
-(when its process started, when its checkpoint was loaded, when that first step was done),
-and the same times go into its own attempt line when it ends. `last_recovery` pairs the last
-failure with the first start after it, for `hpcddp status`, while the new attempt still runs.
+gone. Rank 0 of an attempt after a failure writes a line to ``RUN_DIR/starts.jsonl`` after
+its first step (when its process started, when its checkpoint was loaded, when that first
+step was done); every attempt's own line holds the same times when it ends. `last_recovery`
+pairs the last failure with the first start after it, for `hpcddp status`, while the new
+attempt still runs.
 
 Torch-free, so the job script's helper can read it without importing torch.
 """

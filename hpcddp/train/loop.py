@@ -247,8 +247,11 @@ class TrainingRun:
         )
 
     def _record_start(self) -> None:
-        """Rank 0, after the attempt's first step: its start times (`hpcddp.storage.attempts`)."""
+        """Rank 0, after the attempt's first step: its start times (`hpcddp.storage.attempts`),
+        to starts.jsonl when it recovers from a failure, so `hpcddp status` shows it at once."""
         self.started["first_step"] = round(time.time(), 3)
+        if attempts.last_recovery(self.run_dir) is None:  # nothing failed: nothing to recover
+            return
         try:
             attempts.record_start(
                 self.run_dir, job=self.attempt.job, restart=self.attempt.restart, times=self.started
