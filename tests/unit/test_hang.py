@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from hpcddp import exit_codes
 from hpcddp.comm import hang
+from hpcddp.comm.stacks import dump_stacks
 from hpcddp.comm.watchdog import VERDICT, Place, Watchdog
 from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
@@ -240,5 +241,23 @@ def test_a_hang_in_the_last_step_names_the_rank_still_in_it(tmp_path):
         assert ended == {1: exit_codes.HUNG}
         verdict = json.loads((tmp_path / "hang" / VERDICT).read_text())
         assert (verdict["ranks"], verdict["silent"]) == ([1], [])
+    finally:
+        release.set()
+
+
+def test_stacks_come_from_py_spy_where_it_attaches_and_from_faulthandler_otherwise(
+    tmp_path, monkeypatch
+):
+    release = threading.Event()
+    stuck = stuck_in_user_code(release)
+    stuck.start()
+    try:
+        tool = dump_stacks(tmp_path / "any.txt", "header line")
+        assert tool in ("py-spy", "faulthandler")  # py-spy needs ptrace rights (root here)
+        text = (tmp_path / "any.txt").read_text()
+        assert text.startswith("header line\n") and "sleep_in_forward" in text
+        monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))  # no py-spy to be found
+        assert dump_stacks(tmp_path / "fallback.txt") == "faulthandler"
+        assert "sleep_in_forward" in (tmp_path / "fallback.txt").read_text()
     finally:
         release.set()
