@@ -20,7 +20,7 @@ import pathlib
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.distributed as dist
@@ -91,10 +91,15 @@ class Watchdog:
         self.stopped.set()
 
     def _watch(self) -> None:
+        # where this rank runs, for a verdict on a rank too stuck to report (one store call)
+        self.store.set(f"host/{self.place.rank}", self.place.host)
         while not self.stopped.wait(self.tick_s):
             stalled = self.timer.stalled_s(self.beat.step, self.beat.phase, self.clock())
             if stalled is not None and not self.stopped.is_set():
-                self.on_stall(stalled)
+                try:
+                    self.on_stall(stalled)
+                except Exception as err:  # the store gone: the job is ending anyway
+                    log.warning("hang watchdog: could not agree on a verdict: %s", err)
                 return
         try:  # training ended here: a rank still stepping is not waiting for this one
             self.store.set(f"done/{self.place.rank}", str(self.beat.step))
@@ -144,9 +149,11 @@ class Watchdog:
         ranks = hang.behind(reports, self.place.world_size, done)
         hung = [reports[r] for r in ranks if r in reports]
         silent = [r for r in ranks if r not in reports]
+        silent_hosts = [self.store.get(f"host/{r}").decode() for r in silent
+                        if self._has(f"host/{r}")]  # fmt: skip
         verdict = {
             "ranks": ranks,
-            "hosts": sorted({r.host for r in hung}),
+            "hosts": sorted({*(r.host for r in hung), *silent_hosts}),
             "silent": silent,
             "reports": [dataclasses.asdict(r) for r in reports.values()],
             "detected": round(time.time(), 3),
@@ -178,11 +185,14 @@ class Watchdog:
             self.end(exit_codes.HUNG)
 
 
-def store_for_watchdog(env: DistEnv, timeout_s: float, restart: int) -> dist.Store:
+def store_for_watchdog(
+    env: DistEnv, timeout_s: float, restart: int, environ: Mapping[str, str] = os.environ
+) -> dist.Store:
     """A connection of the watchdog's own to the job's store (an in-memory one for one rank).
 
     Its own, because a store client serializes its calls: the training thread may sit in a
-    store wait of its own while the watchdog must still talk.
+    store wait of its own while the watchdog must still talk. Its keys are the attempt's: a
+    requeue (``restart``) or a torchrun restart (which keeps its agent's store) starts afresh.
     """
     if env.world_size == 1:
         return dist.HashStore()
@@ -194,7 +204,8 @@ def store_for_watchdog(env: DistEnv, timeout_s: float, restart: int) -> dist.Sto
         timeout=datetime.timedelta(seconds=timeout_s),
         wait_for_workers=False,
     )
-    return dist.PrefixStore(f"hpcddp/hang/{restart}", store)
+    elastic = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"hpcddp/hang/{restart}.{elastic}", store)
 
 
 def watching(

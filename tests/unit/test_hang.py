@@ -261,3 +261,42 @@ def test_stacks_come_from_py_spy_where_it_attaches_and_from_faulthandler_otherwi
         assert "sleep_in_forward" in (tmp_path / "fallback.txt").read_text()
     finally:
         release.set()
+
+
+def test_a_rank_too_stuck_to_report_is_named_with_its_host_and_the_decider_ends(tmp_path):
+    """Rank 1's watchdog cannot run (its process holds the interpreter lock: here, a budget it
+    never reaches stands in for that); rank 0 decides after the grace, names rank 1 and its
+    host, and ends itself so that the step ends: the job script excludes the verdict's host."""
+    store, clock, release = dist.HashStore(), FakeClock(), threading.Event()
+    main = in_a_collective(release)
+    main.start()
+    ended: dict[int, int] = {}
+    dogs = []
+    for rank, budget in ((0, hang.Budget(5.0, 50.0)), (1, hang.Budget(1e6, 1e7))):
+        place = Place(rank, 2, f"n{rank}", tmp_path / "hang")
+        dog = Watchdog(hang.Beat(step=12), budget, place, store, clock=clock,
+                       end=lambda status, rank=rank: ended.setdefault(rank, status),
+                       main_thread=main.ident)  # fmt: skip
+        dog.timer = hang.StallTimer(dog.budget, first_step=0, now=clock())
+        dog.timer.stalled_s(12, hang.STEPS, clock())
+        dogs.append(dog.start())
+    try:
+        time.sleep(1.5)  # both threads ran their first tick (rank 1's told the store its host)
+        clock.now += 6.0  # rank 0 stalls, reports, decides: it waits for rank 1's report...
+        wait_for_key(store, "claim")
+        clock.now += 60.0  # ...until the grace runs out
+        dogs[0].thread.join(timeout=60)
+        assert ended == {0: exit_codes.HUNG}
+        verdict = json.loads((tmp_path / "hang" / VERDICT).read_text())
+        assert (verdict["ranks"], verdict["silent"], verdict["hosts"]) == ([1], [1], ["n1"])
+        assert "rank 1 (silent: it holds the interpreter)" in verdict["message"]
+    finally:
+        dogs[1].stop()
+        release.set()
+
+
+def wait_for_key(store: dist.Store, key: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not store.check([key]):
+        assert time.monotonic() < deadline, f"no {key} in the store after {timeout_s} s"
+        time.sleep(0.05)
