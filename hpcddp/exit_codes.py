@@ -8,6 +8,9 @@ trainer and CLI return them; both must agree, so both read them from here.
 OK = 0
 FAILED = 1  # an error hpcddp explained (a message with a HINT)
 USAGE = 2  # bad command line or configuration, as argparse uses it
+# A rank the hang watchdog found hung (`hpcddp.comm.watchdog`): a rank death, so the job script
+# requeues the job without its node, as for a rank that was killed. timeout(1)'s status.
+HUNG = 124
 # EX_TEMPFAIL: stopped for the time limit with a checkpoint saved, but the job could not be
 # requeued from inside (no scontrol there); run the same command again, or requeue, to resume.
 STOPPED_NOT_REQUEUED = 75

@@ -251,11 +251,34 @@ class DistConfig:
         "pin each GPU rank to the CPUs of its GPU's NUMA node (sysfs), within those Slurm gave "
         "it; false: leave the binding as it is",
     )
+    hang_timeout_s: float = setting(
+        0.0,
+        "no training step on a rank for this long is a hang: every rank's stacks go to "
+        "RUN_DIR/logs/hang/, the rank that is behind is named and ends as a rank death (the "
+        "job goes on without its node); 0: off",
+    )
+    hang_slow_phase_s: float = setting(
+        0.0,
+        "the hang budget of the first step, an evaluation or a checkpoint save; 0: 10x "
+        "dist.hang_timeout_s",
+    )
 
     def __post_init__(self) -> None:
         if self.backend:
             _one_of("dist", "backend", self.backend, ("gloo", "nccl"))
         _positive("dist", timeout_s=self.timeout_s, bucket_cap_mb=self.bucket_cap_mb)
+        for name in ("hang_timeout_s", "hang_slow_phase_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"dist.{name}={getattr(self, name)} is negative. HINT: give seconds, or 0 "
+                    "for the default (hang_timeout_s=0 turns the hang watchdog off)."
+                )
+        if self.hang_timeout_s >= self.timeout_s:
+            raise ConfigError(
+                f"dist.hang_timeout_s={self.hang_timeout_s:g} is not below dist.timeout_s="
+                f"{self.timeout_s:g}: the ranks waiting for a hung one would time out first. "
+                "HINT: lower dist.hang_timeout_s or raise dist.timeout_s."
+            )
 
 
 LAUNCHERS = ("srun", "torchrun")

@@ -84,6 +84,15 @@ class Failure:
         exited = _EXITED.fullmatch(how)
         return cls(int(exited[1]) if exited else status, node, f"{tasks} on {node}: {how}")
 
+    @classmethod
+    def from_hang(cls, status: int, verdict: Mapping[str, Any]) -> "Failure":
+        """The hang watchdog's verdict (`hpcddp.comm.watchdog`) names the node, not srun: a
+        rank too stuck to end itself is ended by another, whose node srun then names."""
+        hosts = list(verdict.get("hosts", []))
+        ranks = ",".join(str(r) for r in verdict.get("ranks", []))
+        where = f" on {hosts[0]}" if len(hosts) == 1 else ""
+        return cls(status, hosts[0] if len(hosts) == 1 else "", f"rank {ranks}{where}: hung")
+
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
@@ -293,16 +302,21 @@ def _after(args: argparse.Namespace, environ: Mapping[str, str]) -> Decision:
         now = situation(config, args, environ)
     except (HpcddpError, OSError) as err:
         return _stop(failure, str(err))
+    restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    verdict = attempts.take_hang_verdict(config.run.dir, now.job, restart)
+    if verdict is not None:
+        failure = Failure.from_hang(failure.status, verdict)
     decision = after_failure(failure, now)
     os.makedirs(config.run.dir, exist_ok=True)  # the ranks may have died before making it
     attempts.record(
         config.run.dir,
         job=now.job,
-        restart=int(environ.get("SLURM_RESTART_COUNT") or 0),
+        restart=restart,
         nodes=list(now.allocation if args.hosts in ("", "all") else _hosts(args.hosts)),
         cause=f"{FAILED}: {failure.what}",
         excluded=list(decision.avoid or decision.exclude),
         then=THEN[decision.action],
+        times={"detected": verdict["detected"]} if verdict else None,
     )
     return decision
 

@@ -17,6 +17,7 @@ from hpcddp.errors import ConfigError
 from hpcddp.outcome import RunOutcome
 from hpcddp.slurm.index import JobRecord, find_records, jobs_dir
 from hpcddp.slurm.queue import LEFT_QUEUE, Runner, SlurmUnreachable, scontrol_record
+from hpcddp.storage import attempts
 
 # -- the outcome ------------------------------------------------------------------------------
 
@@ -92,6 +93,7 @@ class JobStatus:
     run_dir: str = ""
     summary: bool = False
     stdout: str = ""
+    recovery: str = ""  # the last failure and how long the run took to step again
 
     def lines(self) -> list[str]:
         """``key: value`` lines, the reason only while the job waits."""
@@ -102,6 +104,8 @@ class JobStatus:
         rows += [("run dir", run_dir), ("summary.json", "yes" if self.summary else "no")]
         if self.stdout:
             rows.append(("output", self.stdout))
+        if self.recovery:
+            rows.append(("last recovery", self.recovery))
         return [f"{key + ':':<14}{value}" for key, value in rows]
 
 
@@ -143,6 +147,7 @@ def _record_status(record: JobRecord, run: Runner | None) -> JobStatus:
         state = slurm.get("JobState") if slurm else LEFT_QUEUE
     outcome = file_outcome(record)
     summary = (pathlib.Path(record.run_dir) / "summary.json").exists()
+    recovered = attempts.last_recovery(record.run_dir)
     return JobStatus(
         job_id=record.name,
         state=(outcome or f"UNKNOWN ({silence})") if silence else final_state(state, outcome),
@@ -151,6 +156,7 @@ def _record_status(record: JobRecord, run: Runner | None) -> JobStatus:
         run_dir=record.run_dir,
         summary=summary,
         stdout=record.stdout,
+        recovery=recovered.as_line() if recovered else "",
     )
 
 

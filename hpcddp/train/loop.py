@@ -9,26 +9,28 @@ on. The run is made of parts that each do one job: `hpcddp.train.assembly` build
 where it happens: files and prints under ``is_main``; every rank reaches every collective.
 """
 
+import contextlib
 import faulthandler
 import logging
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from hpcddp.comm import collectives, failures
+from hpcddp.comm import collectives, failures, hang, watchdog
 from hpcddp.config import Config
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.storage import attempts
 from hpcddp.storage.rundir import Attempt
 from hpcddp.train import batches, data, ddp, ending, flops, preemption, rng, usercode
 from hpcddp.train.assembly import assemble
 from hpcddp.train.progress_report import ProgressReport
 from hpcddp.train.state import Progress
 from hpcddp.train.stopping import Stopping
-from hpcddp.train.timeline import Timeline
+from hpcddp.train.timeline import Timeline, since_process_start
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,8 @@ class TrainingRun:
         # clean stop
         self.parts = assemble(model_fn, dataset_fn, cfg, env, device, run_dir)
         self.stopping = Stopping(cfg, env, stop_flag, self.parts.vote, attempt, run_dir)
-        self.report = ProgressReport(cfg, env, device, self.parts, self.timeline)
+        self.beat = hang.Beat()  # the hang watchdog's view of the loop (`hpcddp.comm.watchdog`)
+        self.report = ProgressReport(cfg, env, device, self.parts, self.timeline, self.beat)
         self.progress = Progress()
         self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
         self.train_ended = 0.0
@@ -65,13 +68,18 @@ class TrainingRun:
         try:
             self._settle_buckets()
             self._resume()
+            self.stopping.started = {
+                "started": round(time.time() - since_process_start(), 3),
+                "loaded": round(time.time(), 3),
+            }
             collectives.on_rank_zero(
                 lambda: self.parts.reports.open(self.run_dir, self.progress.step),
                 self.env.rank,
                 "open metrics.jsonl",
             )
             self.stopping.read_deadline()
-            reason = self._train()
+            with self._watched():
+                reason = self._train()
             return self._end(reason)
         except Exception as err:
             with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
@@ -83,6 +91,22 @@ class TrainingRun:
             raise explained from err
         finally:
             self.report.close()
+
+    @contextlib.contextmanager
+    def _watched(self) -> Iterator[None]:
+        """The training steps under the hang watchdog (when dist.hang_timeout_s is set)."""
+        self.beat.step = self.progress.step
+        attempt, dist_cfg = self.stopping.attempt, self.cfg.dist
+        stacks = attempts.hang_dir(self.run_dir, attempt.job, attempt.restart)
+        dog = watchdog.watching(
+            self.beat, dist_cfg.hang_timeout_s, dist_cfg.hang_slow_phase_s, self.env, stacks,
+            attempt.restart,
+        )  # fmt: skip
+        try:
+            yield
+        finally:
+            if dog is not None:
+                dog.stop()
 
     def _settle_buckets(self) -> None:
         """DDP's bucket layout fixed (and FLOPs counted, the guard's probe found) before step 1.
@@ -139,6 +163,9 @@ class TrainingRun:
             left -= window
             progress.batch += window
             progress.step += 1
+            self.beat.step = progress.step  # read by the hang watchdog's thread
+            if progress.step == self.stopping.resumed_step + 1 and self.env.is_main:
+                self.stopping.record_start()
             if parts.guard.judge(seen, progress, self._scale):
                 return StopReason.NONFINITE
             if not self.buffers_ready:  # the optimizer has its state now

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
+from hpcddp.comm import hang
 from hpcddp.config import Config
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.progress import ProgressBar, bar
@@ -29,7 +30,13 @@ class ProgressReport:
     """One rank's reporting: loss lines, evaluations, the progress bar (rank 0 draws it)."""
 
     def __init__(
-        self, cfg: Config, env: DistEnv, device: torch.device, parts: Parts, timeline: Timeline
+        self,
+        cfg: Config,
+        env: DistEnv,
+        device: torch.device,
+        parts: Parts,
+        timeline: Timeline,
+        beat: hang.Beat | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.parts, self.timeline = (
             cfg,
@@ -38,6 +45,7 @@ class ProgressReport:
             parts,
             timeline,
         )
+        self.beat = beat or hang.Beat()  # tells the hang watchdog a slow phase is under way
         self.bar = ProgressBar(enabled=env.is_main)
         self.last_eval: dict[str, float] | None = None
 
@@ -101,9 +109,11 @@ class ProgressReport:
     def outside_steps(self, phase: str) -> Iterator[None]:
         """Time an evaluation or a save for the timeline, and keep it out of step times."""
         started = time.perf_counter()
+        self.beat.phase = phase  # its own, longer hang budget
         try:
             yield
         finally:
+            self.beat.phase = hang.STEPS
             spent = time.perf_counter() - started
             self.timeline.add(phase, spent)
             self.parts.clock.exclude(spent)

@@ -44,6 +44,7 @@ class Stopping:
         self.attempt, self.run_dir, self.grace_s = attempt, run_dir, grace_s
         self.deadline: float | None = None  # when to stop ahead of the job's time limit
         self.resumed_step = 0  # where this attempt started
+        self.started: dict[str, float] = {}  # this attempt's start times, for recovery
 
     # -- at start-up --------------------------------------------------------------------------
 
@@ -124,7 +125,20 @@ class Stopping:
             cause=cause,
             step=step,
             from_step=self.resumed_step,
+            times=self.started,
         )
+
+    def record_start(self) -> None:
+        """Rank 0, after the attempt's first step: its start times, to starts.jsonl when it
+        recovers from a failure, so `hpcddp status` shows the recovery at once."""
+        self.started["first_step"] = round(time.time(), 3)
+        if attempts.last_recovery(self.run_dir) is None:  # nothing failed: nothing to recover
+            return
+        a = self.attempt
+        try:
+            attempts.record_start(self.run_dir, job=a.job, restart=a.restart, times=self.started)
+        except OSError as err:  # a timing record is not worth the run
+            log.warning("could not record this attempt's start times: %s", err)
 
     def _refuse_endless_requeue(self, step: int) -> None:
         """The stop time passed within the attempt's first step: a requeue would gain one step."""

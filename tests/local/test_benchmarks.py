@@ -38,3 +38,10 @@ def test_telemetry_benchmark_quick_prints_the_cost_per_step():
     assert re.search(r"^plain step\s+\d+\.\d{4} ms$", out, re.M), out
     assert re.search(r"^difference\s+-?\d+\.\d{4} ms", out, re.M), out
     assert re.search(r"^cost\s+\d+\.\d{4} ms  target <= 0\.05 ", out, re.M), out
+
+
+def test_watchdog_benchmark_quick_prints_both_arms_and_the_difference():
+    out = run("watchdog", "--quick")
+    for row in ("plain step", "with watchdog"):
+        assert re.search(rf"^{row}\s+\d+\.\d{{4}} ms", out, re.M), out
+    assert re.search(r"^difference\s+[-+]\d+\.\d{4} ms  ratio \d\.\d{3}$", out, re.M), out

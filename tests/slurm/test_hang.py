@@ -1,0 +1,90 @@
+"""A rank that hangs outside any collective is found by the watchdog, named, ended as a rank
+death, and its node left out of the requeued attempt, which completes the run.
+
+The run starts on one node of the two, two ranks there; once it runs, the test names that node
+(`tests.fixtures.hang_node`): rank 1 sleeps forever in its forward while rank 0 waits for it in
+DDP's gradient all-reduce. With ``dist.hang_timeout_s=20`` both watchdogs see the stall, write
+their stacks, and agree through the store that rank 1 is behind; rank 1 ends with the HUNG
+status, the job script requeues the job without the node, and the next attempt finishes.
+"""
+
+import json
+import re
+import time
+
+import pytest
+
+from hpcddp import exit_codes
+from hpcddp.storage import attempts
+from tests.fixtures.helpers import QUICK, summary, wait_until
+from tests.slurm.test_bad_node import job_fields
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_hung_rank_is_named_with_its_stacks_and_the_job_goes_on_without_its_node(
+    slurm_cluster, tmp_path
+):
+    run_dir, hang_host = tmp_path / "run", tmp_path / "hang-host"
+    job_id, _ = slurm_cluster.sbatch(
+        tmp_path,
+        "sbatch/train.sh",
+        "examples/quickstart.yaml",
+        f"run.dir={run_dir}",
+        *QUICK,
+        "train.epochs=3",
+        "train.checkpoint_every_steps=4",
+        "train.log_every_steps=1",
+        "dist.hang_timeout_s=20",
+        "model.factory=tests.fixtures.hang_node:make_model",
+        f"model.kwargs={{host_file: {hang_host}, at_call: 10, rank: 1}}",
+        options=("--nodes=1", "--ntasks-per-node=2", "--job-name=hang"),
+        wait=False,
+    )
+    try:
+        slurm_cluster.wait_for(job_id, {"RUNNING"}, timeout=120)
+        (first,) = slurm_cluster.job_hosts(job_id)
+        hang_host.write_text(first)  # from now on, rank 1 there hangs at its next step
+        wait_until(
+            lambda: job_fields(slurm_cluster, job_id).get("ExcNodeList") == first,
+            f"the job requeued without {first} after its rank hung",
+            timeout=240,
+        )
+        slurm_cluster.wait_for(job_id, {"PENDING"}, timeout=60)
+        slurm_cluster.release(job_id)  # Slurm's ~120 s requeue hold: see test_bad_node
+        final = slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400)
+    finally:
+        slurm_cluster.run("scancel", job_id, check=False)
+    output = slurm_cluster.output(tmp_path, job_id)
+    assert final == "COMPLETED", output[-4000:]
+
+    stacks = attempts.hang_dir(run_dir, job_id, 0)
+    console = re.findall(rf"hang: rank 1 on {first} after step \d+ \(at \S+ in \w+\).*", output)
+    assert len(console) == 1, output[-4000:]  # one line, from the hung rank
+    assert "hang_node.py" in console[0] and f"stacks are in {stacks}" in console[0]
+    # every rank's stacks, the hung frame in the hung rank's, the all-reduce wait in the other's
+    assert "sleep_forever" in (stacks / "rank-1.txt").read_text()
+    assert "backward" in (stacks / "rank-0.txt").read_text()
+    assert re.search(
+        rf"hpcddp: rank 1 on {first}: hung; requeueing job {job_id} without {first} ", output
+    )
+    assert f"Exited with exit code {exit_codes.HUNG}" in output  # a rank death, not bad input
+
+    done = summary(run_dir)
+    assert done["steps"] == 3 * 2048 // 2 // 32 and first not in done["hosts"]
+    failed, finished = done["attempts"]
+    assert failed["cause"] == f"failed: rank 1 on {first}: hung" and failed["excluded"] == [first]
+    assert finished["cause"] == "finished"
+    recovery = attempts.last_recovery(run_dir)
+    assert recovery is not None and recovery.first_step is not None
+    verdict = json.loads((stacks / "verdict.json").read_text())
+    hung_report = next(r for r in verdict["reports"] if r["rank"] == 1)
+    hung_at = recovery.detected - hung_report["stalled_s"]
+    print(
+        f"hang at {time.strftime('%H:%M:%S', time.localtime(hung_at))}: detected "
+        f"+{recovery.detected - hung_at:.1f} s, ranks gone +{recovery.gone - hung_at:.1f} s, "
+        f"requeued attempt started +{recovery.started - hung_at:.1f} s (Slurm's hold lifted "
+        f"by the test), checkpoint loaded +{recovery.loaded - hung_at:.1f} s, first step "
+        f"+{recovery.first_step - hung_at:.1f} s"
+    )
+    print(f"hpcddp status: last recovery: {recovery.as_line()}")
