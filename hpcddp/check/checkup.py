@@ -9,6 +9,7 @@ ends with the fix.
 import collections
 import dataclasses
 import ipaddress
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,9 @@ MIN_FREE_MEMORY_GB = 1.0
 MIN_FREE_DISK_GB = 2.0
 SLOW_FACTOR = 4.0  # a link this many times slower than the others is named
 SLOW_COMPUTE_FACTOR = 3.0
+# A node whose ranks a CPU quota held back this share of the probe's time, and this much slower
+THROTTLED_SHARE = 0.25
+QUOTA_SLOW_FACTOR = 1.3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,22 +308,45 @@ def pair_problems(pairs: Sequence[Mapping[str, Any]]) -> list[Problem]:
     return problems
 
 
+def node_compute_ms(ranks: Sequence[Facts]) -> dict[str, float]:
+    """Each node's median rank time: one rank's bad moment does not make a node slow."""
+    return {
+        host: statistics.median(f["compute_ms"] for f in facts)
+        for host, facts in by_host(ranks).items()
+    }
+
+
 def compute_problems(ranks: Sequence[Facts]) -> list[Problem]:
-    """A node whose ranks compute several times slower than the fastest node's."""
-    times = {h: min(f["compute_ms"] for f in facts) for h, facts in by_host(ranks).items()}
+    """A node whose ranks compute several times slower than the fastest node's, or slower and
+    held back by a CPU quota (the kernel's count, `hpcddp.check.cpu_quota`) for a good part of
+    the probe: on shared cores a throttle may cost less than 3x, and it is still a throttle."""
+    times = node_compute_ms(ranks)
     if len(times) < 2:
         return []
+    held = {
+        h: max(f.get("compute_throttled", 0.0) for f in facts)
+        for h, facts in by_host(ranks).items()
+    }
     fastest = min(times.values())
-    slow = {h: t for h, t in times.items() if t > SLOW_COMPUTE_FACTOR * fastest}
-    return [
-        Problem(
-            "warning",
-            f"slow node {h}: the same computation takes {t:.0f} ms there against {fastest:.0f} ms "
-            "on the fastest node (CPU throttled, shared or clocked down?). Fix: exclude it "
-            f"(--exclude={h}) and report it to the admins.",
+    problems = []
+    for host, ms in times.items():
+        quota = held[host] >= THROTTLED_SHARE and ms > QUOTA_SLOW_FACTOR * fastest
+        if not (ms > SLOW_COMPUTE_FACTOR * fastest or quota):
+            continue
+        why = (
+            f"; a CPU quota (cgroup) stopped its ranks for {held[host]:.0%} of the probe"
+            if held[host] >= THROTTLED_SHARE
+            else ""
         )
-        for h, t in slow.items()
-    ]
+        problems.append(
+            Problem(
+                "warning",
+                f"slow node {host}: the same computation takes {ms:.3g} ms there against "
+                f"{fastest:.3g} ms on the fastest node{why} (CPU throttled, shared or clocked "
+                f"down?). Fix: exclude it (--exclude={host}) and report it to the admins.",
+            )
+        )
+    return problems
 
 
 def link_problems(allreduce: Mapping[str, Any]) -> list[Problem]:

@@ -27,7 +27,7 @@ from typing import Any
 from hpcddp import exit_codes
 from hpcddp.config import load_config
 from hpcddp.errors import HpcddpError
-from hpcddp.launch import hostlist
+from hpcddp.launch import deaths, hostlist
 from hpcddp.storage import attempts
 
 FAILED = "failed"  # every failure's cause starts with it
@@ -41,6 +41,7 @@ class Failure:
     status: int
     node: str = ""
     what: str = ""
+    signalled: bool = False  # the first task to end was killed (Aborted, Killed ...): a death
 
     @classmethod
     def from_srun(cls, status: int, line: str) -> "Failure":
@@ -49,7 +50,7 @@ class Failure:
         if found is None:
             return cls(status, "", f"the step exited with status {status}")
         node, tasks, how = found.groups()
-        return cls(status, node, f"{tasks} on {node}: {how}")
+        return cls(status, node, f"{tasks} on {node}: {how}", deaths.killed_by_signal(how))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +86,7 @@ def decide(failure: Failure, now: Situation) -> Decision:
         return Decision(False, (), f"hpcddp: {failure.what}; not requeued: {why}")
 
     failures = sum(1 for a in now.earlier if str(a.get("cause", "")).startswith(FAILED))
-    if failure.status == exit_codes.USAGE:
+    if failure.status == exit_codes.USAGE and not failure.signalled:
         return stop("bad input fails on every node (fix the error above, then resubmit)")
     if now.max_failures == 0:
         return stop("slurm.max_failures=0")

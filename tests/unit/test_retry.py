@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from hpcddp import exit_codes
 from hpcddp.slurm import retry
 from hpcddp.slurm.retry import Decision, Failure, Situation, decide
 from hpcddp.storage import attempts
@@ -12,7 +13,7 @@ KILLED = "srun: error: n2: task 3: Killed"
 
 
 def test_srun_names_the_node_and_task_that_died_first():
-    assert Failure.from_srun(137, KILLED) == Failure(137, "n2", "task 3 on n2: Killed")
+    assert Failure.from_srun(137, KILLED) == Failure(137, "n2", "task 3 on n2: Killed", True)
     exited = Failure.from_srun(1, "srun: error: gpu-017: tasks 4-7: Exited with exit code 1")
     assert (exited.node, exited.what) == (
         "gpu-017",
@@ -20,6 +21,17 @@ def test_srun_names_the_node_and_task_that_died_first():
     )
     unknown = Failure.from_srun(1, "")
     assert (unknown.node, unknown.what) == ("", "the step exited with status 1")
+
+
+def test_a_first_rank_killed_by_sigabrt_is_a_rank_death_whatever_the_step_s_status():
+    """NCCL's watchdog aborts a rank (SIGABRT); a survivor's later exit status 2 must not make
+    the failure bad input: the first death decides."""
+    aborted = "srun: error: n2: task 1: Aborted (core dumped)"
+    for status in (134, 143, exit_codes.USAGE):
+        decision = decide(Failure.from_srun(status, aborted), situation())
+        assert decision.requeue and decision.exclude == ("n2",), decision.message
+    usage = Failure.from_srun(2, "srun: error: n1: task 0: Exited with exit code 2")
+    assert not decide(usage, situation()).requeue  # bad input still stops at once
 
 
 def situation(**changes):
