@@ -97,7 +97,11 @@ class Trainer:
         meeting = time.perf_counter()
         with (
             joined(
-                env, dist_cfg.timeout_s, socket_ifname=dist_cfg.socket_ifname, refusal=refusal
+                env,
+                dist_cfg.timeout_s,
+                socket_ifname=dist_cfg.socket_ifname,
+                refusal=refusal,
+                log_dir=pathlib.Path(self.config.run.dir) / "logs",  # NCCL's flight recorder
             ) as done,
             _released(lock),
         ):
