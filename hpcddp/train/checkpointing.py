@@ -116,8 +116,10 @@ class Checkpointer:
         started = time.perf_counter()
         copy = self.snapshot.take(state)
         log.info(
-            "checkpoint step %d: %.1f MB copied to host memory in %.3f s, written in background",
+            "checkpoint step %d: %.1f MB copied to host memory in %.3f s (%.1f MB pinned), "
+            "written in background",
             step, self.snapshot.nbytes / 1e6, time.perf_counter() - started,
+            self.snapshot.pinned_bytes / 1e6,
         )  # fmt: skip
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, "hpcddp-checkpoint")

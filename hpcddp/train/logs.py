@@ -56,8 +56,9 @@ def setup_logging(env: DistEnv, log_dir: pathlib.Path | None = None) -> None:
     handlers: list[logging.Handler] = [console]
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_dir / f"rank-{env.rank}.log"))
-        _FATAL_STACKS.start(handlers[-1].stream)
+        to_file = logging.FileHandler(log_dir / f"rank-{env.rank}.log")
+        _FATAL_STACKS.start(to_file.stream)
+        handlers.append(to_file)
     for handler in handlers:
         handler.setFormatter(_formatter(env))
     logger = logging.getLogger("hpcddp")
@@ -73,7 +74,9 @@ class _FatalStacks:
         self.active = False
         self.was_on = False  # on stderr before us (python -X faulthandler): put back
 
-    def start(self, stream: TextIO) -> None:
+    def start(self, stream: TextIO | None) -> None:
+        if stream is None:  # a FileHandler opened with delay=True: nothing to write to yet
+            return
         if not self.active:
             self.was_on = faulthandler.is_enabled()
         faulthandler.enable(stream, all_threads=True)
