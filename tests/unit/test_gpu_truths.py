@@ -62,3 +62,34 @@ def test_cuda_peak_memory_is_the_interval_s_own(monkeypatch):
     memory.use(1 << 30)
     assert clock.close_interval()[peak] == 2 << 30
     assert clock.close_interval()[peak] == 1 << 30  # still held, nothing more
+
+
+def test_the_gpu_probe_measures_compute_with_cuda_events(monkeypatch):
+    """On a GPU the probe is a 4096 matmul (a 384 one only measures launch latency there),
+    timed by the GPU's own events around batches run back to back, not by the host clock."""
+    from hpcddp.check import preflight
+
+    recorded = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = 0.0
+
+        def record(self):
+            self.at = 40.0 * len(recorded)  # the GPU's clock: 40 ms between the two events
+            recorded.append(self)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    assert preflight.probe_size(torch.device("cuda:0")) == (4096, 8)
+    assert preflight.probe_size(torch.device("cpu"))[0] == 384
+    a = torch.randn(8, 8)  # stands in for the device tensor: only the timing is under test
+    ms = preflight._cuda_ms(torch.device("cuda:0"), a, repeats=1, window_s=0.0)
+    assert len(recorded) == 2 and ms == 40.0 / preflight.MIN_BATCHES

@@ -51,3 +51,32 @@ def test_a_rank_killed_by_sigabrt_is_named_with_its_status_not_a_survivor_s(caps
     assert local._outcome((1, -signal.SIGABRT), [own]) == 2  # a cause a rank reported first
     assert local._outcome((1, 3), []) == 3 and local._outcome((1, -signal.SIGKILL), []) == 137
     assert deaths.signal_of(-6) is signal.SIGABRT and deaths.signal_of(134) is None
+
+
+def test_fatal_stacks_go_to_the_rank_log_while_it_is_open_and_then_back(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.fixtures.helpers import REPO
+
+    aborts = """
+import os, pathlib, sys
+from hpcddp.launch.resolve import resolve_env
+from hpcddp.train.logs import setup_logging, teardown_logging
+env = resolve_env({})
+setup_logging(env, pathlib.Path(sys.argv[1]))
+teardown_logging()
+assert not __import__("faulthandler").is_enabled()  # as it was before
+setup_logging(env, pathlib.Path(sys.argv[1]))
+os.abort()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", aborts, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGABRT, done.stderr
+    log = (tmp_path / "rank-0.log").read_text()
+    assert "Fatal Python error: Aborted" in log and 'File "<string>", line 10' in log
