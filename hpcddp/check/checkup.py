@@ -22,7 +22,8 @@ SLOW_FACTOR = 4.0  # a link this many times slower than the others is named
 SLOW_COMPUTE_FACTOR = 3.0
 # A node whose ranks a CPU quota held back this share of the probe's time, and this much slower
 THROTTLED_SHARE = 0.25
-QUOTA_SLOW_FACTOR = 1.3
+QUOTA_SLOW_FACTOR = 1.0  # with that evidence, any node slower than the fastest
+QUOTA_CPUS_PER_RANK = 0.5  # a quota under half a CPU per rank starves them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,6 +317,26 @@ def node_compute_ms(ranks: Sequence[Facts]) -> dict[str, float]:
     }
 
 
+def node_throttled(ranks: Sequence[Facts]) -> dict[str, float]:
+    """Each node's largest share of the probe that a CPU quota held a rank back (0: none)."""
+    return {
+        host: max(f.get("compute_throttled", 0.0) for f in facts)
+        for host, facts in by_host(ranks).items()
+    }
+
+
+def _quota_why(facts: Sequence[Facts], held: float) -> str:
+    """Why a CPU quota makes this node slow, if it does: its ranks held back for a good share
+    of the probe, or a quota too small for its ranks at all (on a busy machine it may not
+    even bind while the probe runs; it will when the job trains)."""
+    limits = [f.get("cpu_quota", 0.0) for f in facts if f.get("cpu_quota", 0.0)]
+    if limits and min(limits) < QUOTA_CPUS_PER_RANK * len(facts):
+        return f"; its CPU quota (cgroup) allows {min(limits):.2g} CPUs for its {len(facts)} ranks"
+    if held >= THROTTLED_SHARE:
+        return f"; a CPU quota (cgroup) stopped its ranks for {held:.0%} of the probe"
+    return ""
+
+
 def compute_problems(ranks: Sequence[Facts]) -> list[Problem]:
     """A node whose ranks compute several times slower than the fastest node's, or slower and
     held back by a CPU quota (the kernel's count, `hpcddp.check.cpu_quota`) for a good part of
@@ -323,21 +344,13 @@ def compute_problems(ranks: Sequence[Facts]) -> list[Problem]:
     times = node_compute_ms(ranks)
     if len(times) < 2:
         return []
-    held = {
-        h: max(f.get("compute_throttled", 0.0) for f in facts)
-        for h, facts in by_host(ranks).items()
-    }
+    held = node_throttled(ranks)
     fastest = min(times.values())
     problems = []
-    for host, ms in times.items():
-        quota = held[host] >= THROTTLED_SHARE and ms > QUOTA_SLOW_FACTOR * fastest
-        if not (ms > SLOW_COMPUTE_FACTOR * fastest or quota):
+    for host, facts in by_host(ranks).items():
+        ms, why = times[host], _quota_why(facts, held[host])
+        if not (ms > SLOW_COMPUTE_FACTOR * fastest or (why and ms > QUOTA_SLOW_FACTOR * fastest)):
             continue
-        why = (
-            f"; a CPU quota (cgroup) stopped its ranks for {held[host]:.0%} of the probe"
-            if held[host] >= THROTTLED_SHARE
-            else ""
-        )
         problems.append(
             Problem(
                 "warning",

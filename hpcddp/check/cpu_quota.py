@@ -49,6 +49,27 @@ def throttled_s(dirs: Sequence[pathlib.Path]) -> float:
     return max((_throttled_s(folder) for folder in dirs), default=0.0)
 
 
+def _limit_cpus(folder: pathlib.Path) -> float:
+    """The CPUs a folder's quota allows (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``); 0: none."""
+    try:
+        if (folder / "cpu.max").exists():
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+        else:
+            quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+            period = (folder / "cpu.cfs_period_us").read_text().strip()
+    except (OSError, ValueError):
+        return 0.0
+    if quota in ("max", "-1") or not quota.lstrip("-").isdigit() or not period.isdigit():
+        return 0.0
+    return int(quota) / max(int(period), 1)
+
+
+def limit_cpus(dirs: Sequence[pathlib.Path]) -> float:
+    """The tightest CPU quota on the way up, in CPUs (0.15: 15 ms of every 100 ms); 0: none."""
+    limits = [limit for limit in map(_limit_cpus, dirs) if limit > 0]
+    return min(limits, default=0.0)
+
+
 def own_dirs() -> list[pathlib.Path]:
     """This process's CPU cgroup folders (none where there is no cgroup file system)."""
     try:

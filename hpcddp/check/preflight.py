@@ -141,12 +141,14 @@ def _compute_ms(device: torch.device, window_s: float = PROBE_WINDOW_S) -> float
 
 
 def _compute_facts(device: torch.device) -> dict[str, float]:
-    """The probe's time per batch, and the share of it a CPU quota held this rank back."""
+    """The probe's time per batch, the share of it a CPU quota held this rank back, and the
+    quota itself in CPUs (0: none)."""
     dirs = cpu_quota.own_dirs()
     throttled, start = cpu_quota.throttled_s(dirs), time.perf_counter()
     ms = _compute_ms(device)
     held = (cpu_quota.throttled_s(dirs) - throttled) / (time.perf_counter() - start)
-    return {"compute_ms": ms, "compute_throttled": round(held, 3)}
+    quota = cpu_quota.limit_cpus(dirs)
+    return {"compute_ms": ms, "compute_throttled": round(held, 3), "cpu_quota": quota}
 
 
 def _cpu_ms(a: torch.Tensor, repeats: int, window_s: float) -> float:

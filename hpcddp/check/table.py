@@ -7,7 +7,7 @@ Pure text from the report `hpcddp.check.preflight` gathers and the problems
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpcddp.check.checkup import Problem, by_host, node_compute_ms
+from hpcddp.check.checkup import Problem, by_host, node_compute_ms, node_throttled
 
 COLUMNS = (
     "rank",
@@ -75,8 +75,10 @@ def measurements(report: Mapping[str, Any]) -> list[str]:
             for p in report["pairs"]
         )
         lines.append(f"node pairs ({_size(report['pair_bytes'])} each way): {shown}")
+    held = node_throttled(report["ranks"])
     compute = ", ".join(
-        f"{host} {ms:.3g} ms" for host, ms in node_compute_ms(report["ranks"]).items()
+        f"{host} {ms:.3g} ms" + (f" (CPU quota held it {held[host]:.0%})" if held[host] else "")
+        for host, ms in node_compute_ms(report["ranks"]).items()
     )
     lines.append(f"compute ({report['compute_what']}, per batch, median rank per node): {compute}")
     return lines

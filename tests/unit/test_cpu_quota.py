@@ -40,3 +40,32 @@ def test_a_node_held_back_by_its_quota_is_named_though_shared_cores_narrow_the_g
     )
     assert not checkup.compute_problems(with_ranks(n2={"compute_ms": 21.0}))  # only slower
     assert not checkup.compute_problems(with_ranks(n2={"compute_throttled": 0.8}))  # not slower
+
+
+def test_the_quota_itself_is_read_in_cpus_v1_and_v2(tmp_path):
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    (v1 / "cpu.cfs_quota_us").write_text("15000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    free = tmp_path / "free"
+    free.mkdir()
+    (free / "cpu.cfs_quota_us").write_text("-1\n")
+    (free / "cpu.cfs_period_us").write_text("100000\n")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("200000 100000\n")
+    assert cpu_quota.limit_cpus([free, v1, v2]) == 0.15  # the tightest level
+    assert cpu_quota.limit_cpus([free]) == 0.0 and cpu_quota.limit_cpus([tmp_path / "x"]) == 0.0
+
+
+def test_a_quota_too_small_for_the_node_s_ranks_is_named_even_when_it_did_not_bind():
+    """On a machine so busy that the quota never bound during the probe, the node is barely
+    slower; its quota (0.15 CPUs for 2 ranks) still starves the job once it trains."""
+    ranks = with_ranks(n2={"compute_ms": 11.0, "cpu_quota": 0.15, "compute_throttled": 0.01})
+    (found,) = checkup.compute_problems(ranks)
+    assert found.text.startswith(
+        "slow node n2: the same computation takes 11 ms there against 10 ms on the fastest "
+        "node; its CPU quota (cgroup) allows 0.15 CPUs for its 2 ranks"
+    )
+    roomy = with_ranks(n2={"compute_ms": 11.0, "cpu_quota": 4.0})
+    assert not checkup.compute_problems(roomy)  # a quota the ranks fit in is no problem
