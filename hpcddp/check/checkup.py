@@ -9,6 +9,7 @@ ends with the fix.
 import collections
 import dataclasses
 import ipaddress
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,10 @@ MIN_FREE_MEMORY_GB = 1.0
 MIN_FREE_DISK_GB = 2.0
 SLOW_FACTOR = 4.0  # a link this many times slower than the others is named
 SLOW_COMPUTE_FACTOR = 3.0
+# A node whose ranks a CPU quota held back this share of the probe's time, and this much slower
+THROTTLED_SHARE = 0.25
+QUOTA_SLOW_FACTOR = 1.0  # with that evidence, any node slower than the fastest
+QUOTA_CPUS_PER_RANK = 0.5  # a quota under half a CPU per rank starves them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,22 +319,57 @@ def pair_problems(pairs: Sequence[Mapping[str, Any]]) -> list[Problem]:
     return problems
 
 
+def node_compute_ms(ranks: Sequence[Facts]) -> dict[str, float]:
+    """Each node's median rank time: one rank's bad moment does not make a node slow."""
+    return {
+        host: statistics.median(f["compute_ms"] for f in facts)
+        for host, facts in by_host(ranks).items()
+    }
+
+
+def node_throttled(ranks: Sequence[Facts]) -> dict[str, float]:
+    """Each node's largest share of the probe that a CPU quota held a rank back (0: none)."""
+    return {
+        host: max(f.get("compute_throttled", 0.0) for f in facts)
+        for host, facts in by_host(ranks).items()
+    }
+
+
+def _quota_why(facts: Sequence[Facts], held: float) -> str:
+    """Why a CPU quota makes this node slow, if it does: its ranks held back for a good share
+    of the probe, or a quota too small for its ranks at all (on a busy machine it may not
+    even bind while the probe runs; it will when the job trains)."""
+    limits = [f.get("cpu_quota", 0.0) for f in facts if f.get("cpu_quota", 0.0)]
+    if limits and min(limits) < QUOTA_CPUS_PER_RANK * len(facts):
+        return f"; its CPU quota (cgroup) allows {min(limits):.2g} CPUs for its {len(facts)} ranks"
+    if held >= THROTTLED_SHARE:
+        return f"; a CPU quota (cgroup) stopped its ranks for {held:.0%} of the probe"
+    return ""
+
+
 def compute_problems(ranks: Sequence[Facts]) -> list[Problem]:
-    """A node whose ranks compute several times slower than the fastest node's."""
-    times = {h: min(f["compute_ms"] for f in facts) for h, facts in by_host(ranks).items()}
+    """A node whose ranks compute several times slower than the fastest node's, or slower and
+    held back by a CPU quota (the kernel's count, `hpcddp.check.cpu_quota`) for a good part of
+    the probe: on shared cores a throttle may cost less than 3x, and it is still a throttle."""
+    times = node_compute_ms(ranks)
     if len(times) < 2:
         return []
+    held = node_throttled(ranks)
     fastest = min(times.values())
-    slow = {h: t for h, t in times.items() if t > SLOW_COMPUTE_FACTOR * fastest}
-    return [
-        Problem(
-            "warning",
-            f"slow node {h}: the same computation takes {t:.0f} ms there against {fastest:.0f} ms "
-            "on the fastest node (CPU throttled, shared or clocked down?). Fix: exclude it "
-            f"(--exclude={h}) and report it to the admins.",
+    problems = []
+    for host, facts in by_host(ranks).items():
+        ms, why = times[host], _quota_why(facts, held[host])
+        if not (ms > SLOW_COMPUTE_FACTOR * fastest or (why and ms > QUOTA_SLOW_FACTOR * fastest)):
+            continue
+        problems.append(
+            Problem(
+                "warning",
+                f"slow node {host}: the same computation takes {ms:.3g} ms there against "
+                f"{fastest:.3g} ms on the fastest node{why} (CPU throttled, shared or clocked "
+                f"down?). Fix: exclude it (--exclude={host}) and report it to the admins.",
+            )
         )
-        for h, t in slow.items()
-    ]
+    return problems
 
 
 def link_problems(allreduce: Mapping[str, Any]) -> list[Problem]:

@@ -26,7 +26,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from hpcddp.check import checkup
+from hpcddp.check import checkup, cpu_quota
 from hpcddp.comm import collectives
 from hpcddp.comm.group import Joined, joined
 from hpcddp.config import Config
@@ -37,8 +37,12 @@ from hpcddp.launch.resolve import place
 
 SMALL_BYTES = 8  # the latency probe
 PAIR_BYTES = 4 << 20
-COMPUTE = (384, 8)  # an N x N matmul, this many times
-COMPUTE_WHAT = f"{COMPUTE[0]}x{COMPUTE[0]} matmul x{COMPUTE[1]}"
+COMPUTE = (384, 2)  # on CPU: an N x N matmul, this many times per batch
+GPU_COMPUTE = (4096, 8)  # big enough that a GPU computes rather than waits for launches
+# Three CFS quota periods (100 ms each) and more: a throttled node cannot hide in one burst.
+PROBE_WINDOW_S = 0.3
+PROBE_WINDOWS = 4
+MIN_BATCHES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,19 +108,80 @@ def _cpu_facts(env: DistEnv, done: Joined, config: Config, environ: Mapping[str,
     }
 
 
-def _compute_ms(device: torch.device) -> float:
-    """The same small computation on every rank: a throttled or shared node shows here."""
-    size, repeats = COMPUTE
+def probe_size(device: torch.device) -> tuple[int, int]:
+    """(N, matmuls per batch) for the compute probe on this kind of device."""
+    return GPU_COMPUTE if device.type == "cuda" else COMPUTE
+
+
+def _batch(a: torch.Tensor, repeats: int) -> torch.Tensor:
+    for _ in range(repeats):
+        a = torch.tanh(a @ a)  # tanh keeps the values finite, so every pass costs the same
+    return a
+
+
+def _compute_ms(device: torch.device, window_s: float = PROBE_WINDOW_S) -> float:
+    """Milliseconds per batch of the same computation, sustained: the best of a few windows.
+
+    A throttled node is only slow on average: a CFS quota (15 ms of every 100 ms, say) lets a
+    short burst run at full speed, so the fastest of a few short probes hides it. Each window
+    times batches back to back over several quota periods, the speed a training step gets;
+    the best window counts, as a busy moment only slows a window down while a throttled or
+    clocked-down core slows every one. On CPU one thread computes (a core's speed, not how
+    threads fare on shared cores); on a GPU the batches are timed with CUDA events, on a size
+    that keeps the GPU computing.
+    """
+    size, repeats = probe_size(device)
     a = torch.randn(size, size, device=device)
-    (a @ a).sum().item()  # warm-up
-    timings = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            a = torch.tanh(a @ a)
-        a.sum().item()  # waits for the device
-        timings.append((time.perf_counter() - start) * 1000)
-    return min(timings)  # a busy moment only slows a run down; a slow CPU slows them all
+    _sync(device, _batch(a, 1))  # warm-up: kernels chosen, pages touched
+    if device.type == "cuda":
+        return min(_cuda_ms(device, a, repeats, window_s) for _ in range(PROBE_WINDOWS))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return min(_cpu_ms(a, repeats, window_s) for _ in range(PROBE_WINDOWS))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compute_facts(device: torch.device) -> dict[str, float]:
+    """The probe's time per batch, the share of it a CPU quota held this rank back, and the
+    quota itself in CPUs (0: none)."""
+    dirs = cpu_quota.own_dirs()
+    throttled, start = cpu_quota.throttled_s(dirs), time.perf_counter()
+    ms = _compute_ms(device)
+    held = (cpu_quota.throttled_s(dirs) - throttled) / (time.perf_counter() - start)
+    held = min(held, 1.0)  # the kernel adds up every CPU's throttled time: 2 CPUs, up to 2x
+    quota = cpu_quota.limit_cpus(dirs)
+    return {"compute_ms": ms, "compute_throttled": round(held, 3), "cpu_quota": quota}
+
+
+def _cpu_ms(a: torch.Tensor, repeats: int, window_s: float) -> float:
+    batches, start = 0, time.perf_counter()
+    while batches < MIN_BATCHES or time.perf_counter() - start < window_s:
+        _batch(a, repeats)
+        batches += 1
+    return (time.perf_counter() - start) * 1000 / batches
+
+
+def _cuda_ms(device: torch.device, a: torch.Tensor, repeats: int, window_s: float) -> float:
+    """The GPU's own time for batches run back to back (events), as long as ``window_s``."""
+    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    batches, start = 0, time.perf_counter()
+    first.record()
+    while batches < MIN_BATCHES or time.perf_counter() - start < window_s:
+        a = _batch(a, repeats)
+        batches += 1
+        torch.cuda.synchronize(device)  # the wall clock follows the GPU's pace
+    last.record()
+    last.synchronize()
+    return float(first.elapsed_time(last)) / batches
+
+
+def _sync(device: torch.device, a: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    else:
+        a.sum().item()
 
 
 def rank_facts(
@@ -147,7 +212,7 @@ def rank_facts(
         "mem_free_gb": psutil.virtual_memory().available / 2**30,
         "disk_free_gb": shutil.disk_usage(_existing(run_dir)).free / 2**30,
         "run_dir": str(run_dir),
-        "compute_ms": _compute_ms(done.device),
+        **_compute_facts(done.device),
     }
 
 
@@ -268,8 +333,13 @@ def _report(env: DistEnv, done: Joined, config: Config, size_mb: float) -> dict[
         "allreduce": allreduce,
         "pairs": pairs,
         "pair_bytes": PAIR_BYTES,
-        "compute_what": COMPUTE_WHAT,
+        "compute_what": _compute_what(done.device),
     }
+
+
+def _compute_what(device: torch.device) -> str:
+    size, repeats = probe_size(device)
+    return f"{size}x{size} matmul x{repeats}, best {PROBE_WINDOW_S:g} s of {PROBE_WINDOWS}"
 
 
 def check(config: Config, size_mb: float = 16.0, env: DistEnv | None = None) -> Outcome:

@@ -7,7 +7,7 @@ Pure text from the report `hpcddp.check.preflight` gathers and the problems
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpcddp.check.checkup import Problem, by_host
+from hpcddp.check.checkup import Problem, by_host, node_compute_ms, node_throttled
 
 COLUMNS = (
     "rank",
@@ -81,11 +81,12 @@ def measurements(report: Mapping[str, Any]) -> list[str]:
             for p in report["pairs"]
         )
         lines.append(f"node pairs ({_size(report['pair_bytes'])} each way): {shown}")
+    held = node_throttled(report["ranks"])
     compute = ", ".join(
-        f"{host} {min(f['compute_ms'] for f in facts):.0f} ms"
-        for host, facts in by_host(report["ranks"]).items()
+        f"{host} {ms:.3g} ms" + (f" (CPU quota held it {held[host]:.0%})" if held[host] else "")
+        for host, ms in node_compute_ms(report["ranks"]).items()
     )
-    lines.append(f"compute ({report['compute_what']}, fastest rank per node): {compute}")
+    lines.append(f"compute ({report['compute_what']}, per batch, median rank per node): {compute}")
     return lines
 
 

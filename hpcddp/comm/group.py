@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hpcddp.comm import rendezvous
+from hpcddp.comm.flight_recorder import flight_recorder_env
 from hpcddp.comm.rendezvous import Meeting, Network
 from hpcddp.errors import DistributedError, HpcddpError
 from hpcddp.launch import cpus
@@ -53,14 +54,18 @@ def network_env(network: Network, environ: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in wanted.items() if forced or not environ.get(name)}
 
 
-def export_env(env: DistEnv, network: Network | None = None) -> dict[str, str | None]:
-    """Write the ``env://`` variables (and the interface) for torch and libraries that read them.
+def export_env(
+    env: DistEnv, network: Network | None = None, log_dir: pathlib.Path | None = None
+) -> dict[str, str | None]:
+    """Write the ``env://`` variables (and the interface) for torch and libraries that read them,
+    and NCCL's flight recorder settings for a run that logs to ``log_dir``.
 
     Returns what they were before, so the process can be put back as it was.
     """
     exported = env.torch_env()
     if network is not None:
         exported.update(network_env(network, os.environ))
+    exported.update(flight_recorder_env(env.backend, log_dir, os.environ))
     previous = {name: os.environ.get(name) for name in [*exported, *IFNAME_VARS]}
     os.environ.update(exported)
     return previous
@@ -145,12 +150,14 @@ def joined(
     socket_ifname: str = "",
     refusal: HpcddpError | None = None,
     pin_cpus: bool = True,
+    log_dir: pathlib.Path | None = None,
 ) -> Iterator[Joined]:
     """Meet, export, bind, join; yield the device and network; always leave, cleanly if possible.
 
     ``refusal`` is this rank's own reason not to run (found before joining): it is told to
     every rank at the rendezvous, so all of them stop at once with the same error. With
-    ``pin_cpus`` a GPU rank runs on the cores nearest its GPU (`pin_near_gpu`).
+    ``pin_cpus`` a GPU rank runs on the cores nearest its GPU (`pin_near_gpu`). NCCL's flight
+    recorder dumps go to ``log_dir`` (`hpcddp.comm.flight_recorder`).
     """
     timeout = datetime.timedelta(seconds=timeout_s)
     meeting = None
@@ -159,7 +166,7 @@ def joined(
         env = dataclasses.replace(env, device=meeting.device)  # rank 0 spread the GPUs
     elif refusal is not None:
         raise refusal
-    previous = export_env(env, meeting.network if meeting else None)
+    previous = export_env(env, meeting.network if meeting else None, log_dir)
     allowed = cpus.allowed_cpus()
     try:
         torch.set_num_threads(cpu_threads(env))

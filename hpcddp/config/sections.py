@@ -176,6 +176,11 @@ class TrainConfig:
     precision: str = setting(
         "fp32", "fp32, bf16 (autocast) or fp16 (autocast + GradScaler on the rank's device type)"
     )
+    tf32: bool = setting(
+        True,
+        "fp32 matmuls and convolutions on TF32 tensor cores (Ampere and newer GPUs: fp32's "
+        "range, a 10-bit mantissa in products, several times faster); false: full fp32",
+    )
     eval_every_steps: int = setting(0, "evaluate every N steps; 0: at the end of every epoch")
     checkpoint_every_steps: int = setting(0, "checkpoint every N steps; 0: every epoch's end")
     keep_checkpoints: int = setting(3, "how many of the newest checkpoints to keep")

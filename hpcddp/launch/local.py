@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from hpcddp.launch import error_reports
+from hpcddp.launch import deaths, error_reports
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +135,14 @@ def _outcome(failed: tuple[int, int] | None, found: list[error_reports.Report]) 
     """Print what ended the run, once; return the job's exit status."""
     if failed is None:
         return 0
+    rank, status = failed
+    sig = deaths.signal_of(status)
+    if sig is not None and all(r.secondary for r in found):  # the others only lost it
+        print(f"hpcddp: error: {deaths.death_line(rank, sig)}", file=sys.stderr, flush=True)
+        return deaths.exit_status(sig)
     lines, code = error_reports.summarize(found)
     if not lines or code is None:  # no rank said why (killed, or it printed its traceback)
-        rank, code = failed
+        code = status if sig is None else deaths.exit_status(sig)
         lines = [f"hpcddp: local rank {rank} exited with code {code}; the others were stopped"]
     print("\n".join(lines), file=sys.stderr, flush=True)
     return code
@@ -153,7 +158,8 @@ def _forward(children: list[subprocess.Popen[bytes]], signum: int) -> None:
 def _wait(
     children: list[subprocess.Popen[bytes]], settle_s: float = 2.0, grace_s: float = 10.0
 ) -> tuple[int, int] | None:
-    """Wait for all; on the first failure stop the rest; (rank, exit status) of that failure.
+    """Wait for all; on the first failure stop the rest; (rank, returncode) of that failure
+    (``-signum`` for a rank a signal killed).
 
     The others get ``settle_s`` to end on their own first: a refusal every rank reaches ends
     them all within moments, and each then reports it rather than being cut off mid-sentence.
@@ -165,7 +171,7 @@ def _wait(
             rank, code = failed[0]
             _settle(children, settle_s)
             _stop(children, grace_s)
-            return rank, code if code > 0 else 128 - code
+            return rank, code
         if all(c == 0 for c in codes):
             return None
         time.sleep(0.05)

@@ -42,7 +42,7 @@ from typing import Any
 from hpcddp import exit_codes
 from hpcddp.config import Config, load_config
 from hpcddp.errors import HpcddpError
-from hpcddp.launch import hostlist
+from hpcddp.launch import deaths, hostlist
 from hpcddp.storage import attempts
 
 FAILED = "failed"  # every failure's cause starts with it
@@ -69,6 +69,7 @@ class Failure:
     status: int
     node: str = ""
     what: str = ""
+    signalled: bool = False  # the first task to end was killed (Aborted, Killed ...): a death
 
     @classmethod
     def from_srun(cls, status: int, line: str) -> "Failure":
@@ -82,7 +83,8 @@ class Failure:
             return cls(status, "", f"the step exited with status {status}")
         node, tasks, how = found.groups()
         exited = _EXITED.fullmatch(how)
-        return cls(int(exited[1]) if exited else status, node, f"{tasks} on {node}: {how}")
+        status = int(exited[1]) if exited else status
+        return cls(status, node, f"{tasks} on {node}: {how}", deaths.killed_by_signal(how))
 
     @classmethod
     def from_hang(cls, status: int, verdict: Mapping[str, Any]) -> "Failure":
@@ -168,7 +170,7 @@ def after_failure(failure: Failure, now: Situation) -> Decision:
     """A rank died: restart on a spare, requeue without the node, or stop and say why."""
     stop = functools.partial(_stop, failure)
     failures = sum(1 for a in now.earlier if str(a.get("cause", "")).startswith(FAILED))
-    if failure.status == exit_codes.USAGE:
+    if failure.status == exit_codes.USAGE and not failure.signalled:
         return stop("bad input fails on every node (fix the error above, then resubmit)")
     if now.max_failures == 0:
         return stop("slurm.max_failures=0")

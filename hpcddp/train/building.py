@@ -19,7 +19,7 @@ from hpcddp.comm import agreement
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError, UserCodeError, agreed
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.train import data, rng, usercode
+from hpcddp.train import data, ddp, rng, usercode
 
 
 @dataclasses.dataclass
@@ -41,6 +41,7 @@ def build(
 ) -> Built:
     """Model and loaders on this rank, once every rank has built its own without a fault."""
     rng.seed_everything(cfg.run.seed)  # identical initial weights on every rank
+    ddp.set_fp32_matmuls(cfg.train.tf32, device)
     made: Built | None = None
     fault = None
     what = f"the model factory {usercode.name_of(model_fn)}"

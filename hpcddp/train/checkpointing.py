@@ -78,13 +78,17 @@ class Checkpointer:
         """Every rank contributes its RNG state; rank 0 writes; every rank learns if it failed."""
         # a second Ctrl-C meanwhile waits until the checkpoint is whole (`preemption.shielded`)
         with preemption.shielded(finish=self._finish_writing):
-            rng_states = collectives.gather_object(rng.capture())  # on rank 0 only
+            rng_states = collectives.gather_object(rng.capture(self._device))  # on rank 0 only
             collectives.on_rank_zero(
                 lambda: self._write(progress.step, self._state(progress, rng_states, epoch_done)),
                 self.env.rank,
                 "save a checkpoint",
                 group=self.group,
             )
+
+    @property
+    def _device(self) -> torch.device:
+        return torch.device(self.env.device)
 
     def prepare(self) -> None:
         """Rank 0, once the optimizer has its state (after the first step): allocate the host
@@ -112,8 +116,10 @@ class Checkpointer:
         started = time.perf_counter()
         copy = self.snapshot.take(state)
         log.info(
-            "checkpoint step %d: %.1f MB copied to host memory in %.3f s, written in background",
+            "checkpoint step %d: %.1f MB copied to host memory in %.3f s (%.1f MB pinned), "
+            "written in background",
             step, self.snapshot.nbytes / 1e6, time.perf_counter() - started,
+            self.snapshot.pinned_bytes / 1e6,
         )  # fmt: skip
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, "hpcddp-checkpoint")
@@ -243,7 +249,8 @@ class Checkpointer:
         t.scheduler.load_state_dict(state["scheduler"])
         if t.scaler and state["scaler"]:
             t.scaler.load_state_dict(state["scaler"])
-        rng.restore(mapped.materialize(state["rng"][self.env.rank]))
+        own = mapped.materialize(state["rng"][self.env.rank])
+        rng.restore(own, self._device, self.env.local_rank)
         progress = Progress(**state["progress"])
         log.info("resumed from step %d (epoch %d, batch %d)", step, progress.epoch, progress.batch)
         return progress

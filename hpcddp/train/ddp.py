@@ -54,6 +54,19 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=dtype)
 
 
+def set_fp32_matmuls(tf32: bool, device: torch.device) -> None:
+    """TF32 for fp32 matmuls and convolutions on this rank's GPU, or full fp32 (train.tf32).
+
+    torch computes fp32 matmuls in full IEEE precision unless told otherwise, leaving an
+    Ampere or newer GPU's tensor cores idle in an fp32 model; older GPUs ignore the setting.
+    CPUs are left alone: there "high" precision may switch to bf16 kernels and change results.
+    """
+    if device.type != "cuda":
+        return
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
 def make_scaler(precision: str, device: torch.device) -> "torch.amp.GradScaler | None":
     """fp16 needs loss scaling (bf16 keeps fp32's range and needs none).
 

@@ -1,12 +1,16 @@
 """Logging for entry points: a rank prefix on every line, one file per rank, console from rank 0.
 
 Library modules only call ``logging.getLogger(__name__)``; handlers are set here, by the
-entry points (CLI, `Trainer.fit`), never at import.
+entry points (CLI, `Trainer.fit`), never at import. The rank's log file also receives every
+thread's Python stack if the process dies of a fatal signal (faulthandler): SIGABRT from NCCL's
+watchdog, SIGSEGV, SIGBUS, where no Python handler or exception ever runs.
 """
 
+import faulthandler
 import logging
 import pathlib
 import sys
+from typing import TextIO
 
 from hpcddp.launch.distenv import DistEnv
 
@@ -39,6 +43,7 @@ def _replace_handlers(logger: logging.Logger, handlers: list[logging.Handler]) -
 
 def teardown_logging() -> None:
     """Close the handlers `setup_logging` added (files stay complete, nothing leaks)."""
+    _FATAL_STACKS.stop()
     _replace_handlers(logging.getLogger("hpcddp"), [])
     logging.getLogger("hpcddp").propagate = True
 
@@ -51,10 +56,39 @@ def setup_logging(env: DistEnv, log_dir: pathlib.Path | None = None) -> None:
     handlers: list[logging.Handler] = [console]
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_dir / f"rank-{env.rank}.log"))
+        to_file = logging.FileHandler(log_dir / f"rank-{env.rank}.log")
+        _FATAL_STACKS.start(to_file.stream)
+        handlers.append(to_file)
     for handler in handlers:
         handler.setFormatter(_formatter(env))
     logger = logging.getLogger("hpcddp")
     logger.setLevel(logging.INFO)
     logger.propagate = False
     _replace_handlers(logger, handlers)
+
+
+class _FatalStacks:
+    """faulthandler aimed at the rank's log file while it is open; as it was before, after."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.was_on = False  # on stderr before us (python -X faulthandler): put back
+
+    def start(self, stream: TextIO | None) -> None:
+        if stream is None:  # a FileHandler opened with delay=True: nothing to write to yet
+            return
+        if not self.active:
+            self.was_on = faulthandler.is_enabled()
+        faulthandler.enable(stream, all_threads=True)
+        self.active = True
+
+    def stop(self) -> None:
+        if not self.active:
+            return
+        faulthandler.disable()
+        self.active = False
+        if self.was_on:
+            faulthandler.enable(sys.stderr, all_threads=True)
+
+
+_FATAL_STACKS = _FatalStacks()  # one per process, as faulthandler itself

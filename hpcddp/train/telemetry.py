@@ -90,8 +90,9 @@ class IntervalClock:
         now = time.perf_counter()
         self.totals["wall_s"] = now - self.started
         self.totals["rss_peak_bytes"] = float(peak_rss_bytes())
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # this interval's peak: the counter starts again
             self.totals["cuda_peak_bytes"] = float(torch.cuda.max_memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
         vector = torch.tensor([self.totals[name] for name in FIELDS], dtype=torch.float64)
         self.totals = dict.fromkeys(FIELDS, 0.0)
         self.started = now

@@ -102,6 +102,7 @@ class Trainer:
                 socket_ifname=dist_cfg.socket_ifname,
                 refusal=refusal,
                 pin_cpus=dist_cfg.pin_cpus,
+                log_dir=pathlib.Path(self.config.run.dir) / "logs",  # NCCL's flight recorder
             ) as done,
             _released(lock),
         ):

@@ -23,12 +23,16 @@ What is measured, side by side in one run, with MB = 10^6 bytes:
 - **Load**: a resume as the trainer does it (verify the sha256 in one read, map, copy into the
   model) against a raw read of the file, both with the file evicted from the page cache first
   (``posix_fadvise(DONTNEED)`` on that file only); medians.
+- **Pinned host memory / state**: the bytes the snapshot of a background save pins on CUDA
+  (`hpcddp.storage.chunks`: chunks sized to the state) against one caching-allocator block per
+  tensor, each rounded up to a power of two (what it did before), for the same state: its
+  model and AdamW's two moments. Computed from the chunk plan on a machine without a GPU.
 - **Peak RSS on resume**, in a fresh process: (peak RSS after the resume - RSS before the model
   was built) / the state's bytes; beside it the same for ``torch.load(BytesIO(read_bytes()))``,
   what the store did before.
 
 Targets (issue 10): stall <= 0.3x the synchronous save; write >= 0.9x raw (also while
-training); load <= 1.2x raw read; peak RSS <= 1.1x the state.
+training); load <= 1.2x raw read; peak RSS <= 1.1x the state. Issue 15: pinned <= 1.1x.
 """
 
 import argparse
@@ -60,7 +64,7 @@ from hpcddp.config import (
     RunConfig,
     TrainConfig,
 )
-from hpcddp.storage import atomic, mapped
+from hpcddp.storage import atomic, chunks, mapped
 from hpcddp.storage.checkpoint import CheckpointStore
 from tests.benchmarks import training
 
@@ -229,6 +233,7 @@ class Figures:
     resume_s: list[float]
     raw_read_s: list[float]
     rss: dict[str, float]
+    pinned: dict[str, float]
 
 
 def measure(size_mb: float, runs: int, work: pathlib.Path, every: int) -> Figures:
@@ -251,7 +256,23 @@ def measure(size_mb: float, runs: int, work: pathlib.Path, every: int) -> Figure
         resumes.append(resume_s(store, path, model))
         reads.append(raw_read_s(path))
     rss = {how: peak_rss(path, size_mb, how) for how in ("mapped", "bytes")}
-    return Figures(size_mb, stalls, save_s, raw_s, busy_store, busy_raw, resumes, reads, rss)
+    pinned = pinned_over_state(model)
+    return Figures(
+        size_mb, stalls, save_s, raw_s, busy_store, busy_raw, resumes, reads, rss, pinned
+    )
+
+
+def pinned_over_state(model: nn.Module) -> dict[str, float]:
+    """Pinned bytes / state bytes for a save of ``model`` with AdamW's two moments per weight:
+    in chunks (hpcddp) and one power-of-two block per tensor (the caching host allocator)."""
+    weights = [t.nbytes for t in model.state_dict().values()]
+    trained = [p.nbytes for p in model.parameters() if p.requires_grad]
+    sizes = [*weights, *trained, *trained, *[4] * len(trained)]  # exp_avg, exp_avg_sq, step
+    state = sum(sizes)
+    return {
+        "chunks": sum(chunks.plan(sizes).chunks) / state,
+        "per_tensor": chunks.power_of_two_bytes(sizes) / state,
+    }
 
 
 def _while_training(size_mb: float, state: dict, work: pathlib.Path, every: int):
@@ -303,6 +324,8 @@ def report(f: Figures) -> str:
         f"{resume / read:>8.2f}  <= 1.20",
         f"{'peak RSS on resume / state (vs read_bytes)':<42}{f.rss['mapped']:>12.2f}"
         f"{f.rss['bytes']:>12.2f}{'':>8}  <= 1.10",
+        f"{'pinned bytes / state (chunks vs per tensor)':<42}{f.pinned['chunks']:>12.2f}"
+        f"{f.pinned['per_tensor']:>12.2f}{'':>8}  <= 1.10",
         "",
         "raw figures: " + json.dumps(dataclasses.asdict(f), default=lambda x: round(x, 3)),
     ]

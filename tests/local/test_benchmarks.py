@@ -25,6 +25,7 @@ def test_checkpoint_benchmark_quick_prints_every_ratio(tmp_path):
     for row in ("stall per save", "write MB/s", "write MB/s while training", "load s"):
         assert re.search(rf"^{row}.*\s\d+\.\d\d\s+[<>]= \d\.\d\d$", out, re.M), out
     assert re.search(r"^peak RSS on resume.*\s\d\.\d\d\s+\d\.\d\d\s+<= 1\.10$", out, re.M), out
+    assert re.search(r"^pinned bytes / state.*\s1\.0\d\s+\d\.\d\d\s+<= 1\.10$", out, re.M), out
     assert list(tmp_path.iterdir()) == []
 
 

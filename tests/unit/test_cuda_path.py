@@ -15,6 +15,7 @@ import torch.distributed as dist
 from hpcddp.comm import group as distributed
 from hpcddp.config import Config, load_config
 from hpcddp.launch.resolve import resolve_env
+from hpcddp.storage import snapshot
 from hpcddp.train import data, ddp
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # "CUDA is not available"
@@ -134,24 +135,14 @@ def test_the_guard_reads_late_on_cuda_only_when_stopping():
 
 
 def test_snapshot_buffers_are_pinned_for_device_tensors(monkeypatch):
-    from hpcddp.storage import snapshot
+    from tests.unit.test_pinned_chunks import FakeHostMemory
 
-    asked, synced = [], []
-    real_empty = torch.empty
-
-    def empty(*args, pin_memory=False, **kwargs):
-        asked.append(pin_memory)
-        return real_empty(*args, **kwargs)
-
-    class Stream:
-        def synchronize(self):
-            synced.append(True)
-
-    monkeypatch.setattr(snapshot.torch, "empty", empty)
+    memory = FakeHostMemory(monkeypatch)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: t.dim() == 2))
-    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    snapshot.Snapshot().take({"on_cpu": torch.ones(3)})
+    assert memory.registered == [] and memory.synced == 0  # a CPU run pins nothing
     snapshot.Snapshot().take({"on_gpu": torch.ones(2, 2), "on_cpu": torch.ones(3)})
-    assert asked == [True, False] and synced == [True]
+    assert memory.registered == [1024] and memory.synced == 1  # one chunk, both buffers
 
 
 def test_the_optimizer_is_fused_where_torch_has_the_kernel():

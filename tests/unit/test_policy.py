@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from hpcddp import exit_codes
 from hpcddp.slurm import policy
 from hpcddp.slurm.policy import (
     Action,
@@ -22,7 +23,7 @@ KILLED = "srun: error: n2: task 3: Killed"
 
 
 def test_srun_names_the_node_and_task_that_died_first():
-    assert Failure.from_srun(137, KILLED) == Failure(137, "n2", "task 3 on n2: Killed")
+    assert Failure.from_srun(137, KILLED) == Failure(137, "n2", "task 3 on n2: Killed", True)
     exited = Failure.from_srun(1, "srun: error: gpu-017: tasks 4-7: Exited with exit code 1")
     assert (exited.node, exited.what) == (
         "gpu-017",
@@ -36,6 +37,17 @@ def situation(**changes):
     base = {"job": "12", "max_failures": 2, "earlier": [], "gained": 40, "excluded": ()}
     base.update({"usable": None, "allocation": ("n1", "n2"), "spare_nodes": 0}, **changes)
     return Situation(**base)
+
+
+def test_a_first_rank_killed_by_sigabrt_is_a_rank_death_whatever_the_step_s_status():
+    """NCCL's watchdog aborts a rank (SIGABRT); a survivor's later exit status 2 must not make
+    the failure bad input: the first death decides."""
+    aborted = "srun: error: n2: task 1: Aborted (core dumped)"
+    for status in (134, 143, exit_codes.USAGE):
+        decision = after_failure(Failure.from_srun(status, aborted), situation())
+        assert decision.action is Action.REQUEUE and decision.exclude == ("n2",), decision.message
+    usage = Failure.from_srun(2, "srun: error: n1: task 0: Exited with exit code 2")
+    assert after_failure(usage, situation()).action is Action.STOP  # bad input stops at once
 
 
 FAILED_BEFORE = {"cause": "failed: task 1 on n1: Killed", "steps_gained": 10}
