@@ -5,13 +5,9 @@ multi-process runs on this machine, no Slurm) and tests/slurm (the real local cl
 the suite starts itself).
 """
 
-import os
-
 import pytest
 
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
+from tests.fixtures.helpers import in_ci
 
 
 @pytest.hookimpl(trylast=True)
@@ -19,6 +15,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Turn a green run with skips into a red one under CI."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
-    if _in_ci() and skipped and exitstatus == pytest.ExitCode.OK:
+    if in_ci() and skipped and exitstatus == pytest.ExitCode.OK:
         reporter.write_line(f"CI=true: {skipped} test(s) skipped, which fails the run", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

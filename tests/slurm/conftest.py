@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fixtures.helpers import REPO
+from tests.fixtures.helpers import REPO, in_ci
 
 CLUSTER_SCRIPT = REPO / "tests" / "cluster" / "local-slurm.sh"
 
@@ -163,7 +163,7 @@ class SlurmCluster:
 
 
 def _cluster_unavailable(message: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
+    if in_ci():
         pytest.fail(f"local Slurm cluster could not start under CI: {message}")
     pytest.skip(f"local Slurm cluster unavailable: {message}")
 
