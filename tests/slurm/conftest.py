@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fixtures.helpers import REPO, in_ci
+from tests.fixtures.helpers import ENDED, REPO, in_ci
 
 CLUSTER_SCRIPT = REPO / "tests" / "cluster" / "local-slurm.sh"
 
@@ -128,6 +128,22 @@ class SlurmCluster:
                 return state
             time.sleep(0.5)
         raise AssertionError(f"job {job_id} still {self.job_state(job_id)} after {timeout} s")
+
+    def wait_settled(self, job_id: str, timeout: float = 120) -> str:
+        """Wait until none of the job's processes is left; return squeue's state then.
+
+        A job cancelled while it runs stays COMPLETING until its last process has ended, so once
+        it leaves that state nothing of the job is left that could still requeue it.
+        """
+        settled = {*ENDED, "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            command = ("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T")
+            state = self.run(*command, check=False).stdout.strip()
+            if state in settled:
+                return state
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} still {state or 'unknown'} after {timeout} s")
 
     def sbatch(
         self, tmp_path: pathlib.Path, *args: str, options: tuple[str, ...] = (), wait: bool = True

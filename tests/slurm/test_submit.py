@@ -210,12 +210,12 @@ def test_scancel_stops_a_running_job_for_good(cluster, tmp_path):
         wait_until((run_dir / "metrics.jsonl").exists, "the run to start", timeout=90)
         cluster.run("scancel", job.job_id)
         stopped = job.result()
-        time.sleep(3)  # time for a self-requeue, if there were one
+        settled = cluster.wait_settled(job.job_id)  # its last process gone: no requeue after
         record = cluster.run("scontrol", "show", "job", job.job_id).stdout
     finally:
         cluster.run("scancel", job.job_id, check=False)  # a requeued, pending job: no signal
     assert stopped["stopped"] and stopped["reason"] == "terminated"
-    assert "JobState=CANCELLED" in record and "Restarts=0" in record
+    assert settled == "CANCELLED" and "Restarts=0" in record, record
     status = fields(run_cli("status", job.job_id, env=cluster.cli_env, timeout=60).stdout)
     assert (status["state"], status["summary.json"]) == ("CANCELLED", "no")
 
