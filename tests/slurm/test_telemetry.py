@@ -45,6 +45,7 @@ def test_a_slowed_rank_is_named_as_the_slowest_by_rank_and_host(slurm_cluster, t
     assert all(row["max_s"] >= row["median_s"] >= 0 for row in timeline.values())
 
 
+@pytest.mark.benchmark
 def test_the_startup_benchmark_runs_both_arms_and_prints_the_timeline(slurm_cluster):
     """The smoke run of `tests/benchmarks/startup.py` on this cluster (figures not checked)."""
     done = subprocess.run(

@@ -17,6 +17,7 @@ from hpcddp.storage import tracking
 from hpcddp.storage.metrics_log import MetricsLog
 from hpcddp.storage.tracking import Tracker
 from tests.fixtures import wandb_records
+from tests.fixtures.helpers import wait_until
 
 pytest.importorskip("tensorboard")  # the [test] extra installs it; CI fails on any skip
 
@@ -70,6 +71,8 @@ def test_wandb_offline_is_one_run_holding_each_step_once_with_its_values(tmp_pat
     run_id = json.loads((tmp_path / "tracking" / "run.json").read_text())["run_id"]
     logs = sorted((tmp_path / "tracking" / "wandb").glob("offline-run-*/*.wandb"))
     assert len(logs) == len(ATTEMPTS)  # one offline log per attempt, all of one run
+    for log in logs:  # wandb's own process may still be writing after finish() returned
+        wait_until(lambda log=log: wandb_records.ended(log), f"W&B's exit record in {log}", 60)
     for log in logs:
         assert wandb_records.run(log) == (run_id, {"_wandb": {}, **PARAMS})
     points = [point for log in logs for point in wandb_records.history(log)]
