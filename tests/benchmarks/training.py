@@ -9,8 +9,9 @@ Usage::
 Training: every run starts 2 fresh local gloo processes on the CPU (``OMP_NUM_THREADS`` = cores /
 2 in both arms) that train one model for a fixed number of steps, either with `Trainer` or with
 `hand_written_ddp`, the PyTorch tutorial loop written in the trainer's exact operation order (same
-DDP options, sampler, generator seeding, loss scaling, ``optimizer.step``, ``scheduler.step``,
-``zero_grad(set_to_none=True)``) with the tutorial's optimizer, ``AdamW(params, lr=...)``. The
+DDP options, PyTorch's own sampler, loss scaling, ``optimizer.step``,
+``zero_grad(set_to_none=True)``) with the tutorial's optimizer, ``AdamW(params, lr=...)``, and its
+own learning-rate schedule and seeding written from the README, importing neither from hpcddp. The
 trainer's only arithmetic difference is its fused AdamW (``optim.fused``, one pass over the
 weights instead of a dozen); tests/local/test_parity.py checks that the same loop given that
 optimizer ends in bitwise equal weights, and that with ``optim.fused=false`` the trainer equals
@@ -80,7 +81,6 @@ from hpcddp.config import (
 )
 from hpcddp.errors import HpcddpError
 from hpcddp.launch.local import child_env, free_port
-from hpcddp.train.optim import lr_factor
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -144,6 +144,23 @@ def bench_config(model: dict, steps: int, **train: int) -> Config:
 # -- the baseline -------------------------------------------------------------------------------
 
 
+def warmup_then_cosine(step: int, opt: OptimConfig, total_steps: int) -> float:
+    """The fraction of ``optim.lr`` that optimizer step ``step`` (1, 2, ...) uses, as documented.
+
+    ``optim.warmup_steps``: linear warmup from 0 to lr, so step k of W uses k/W of it; then
+    ``optim.schedule=cosine`` decays over the remaining steps towards ``optim.min_lr_ratio``,
+    reached where the step after the run's last would be (``constant``: lr). Written from the
+    README, not from hpcddp's code.
+    """
+    if step <= opt.warmup_steps:
+        return step / opt.warmup_steps
+    if opt.schedule == "constant":
+        return 1.0
+    done = (step - 1 - opt.warmup_steps) / max(total_steps - opt.warmup_steps, 1)
+    floor = opt.min_lr_ratio
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+
+
 def hand_written_ddp(
     model_fn: Callable[..., nn.Module],
     dataset_fn: Callable[..., TensorDataset],
@@ -161,39 +178,34 @@ def hand_written_ddp(
     same loop with the optimizer the trainer uses by default (``optim.fused``): op for op the
     trainer's arithmetic, which the parity test compares bit for bit.
     """
-    seed, data, train = config.run.seed, config.data, config.train
+    seed, data, train, opt = config.run.seed, config.data, config.train, config.optim
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size)
-    torch.manual_seed(seed)  # identical initial weights on every rank
+    torch.manual_seed(seed)  # run.seed: identical initial weights on every rank
     model = model_fn(**config.model.kwargs)
     dataset = dataset_fn(**data.kwargs)
     ddp = DDP(model, gradient_as_bucket_view=True)  # as the trainer's DistConfig defaults
     sampler = DistributedSampler(
         dataset, world_size, rank, shuffle=data.shuffle, seed=seed, drop_last=data.drop_last
     )
-    generator = torch.Generator()  # so creating the iterator never draws from the global RNG
     loader = DataLoader(
         dataset,
         batch_size=data.batch_size,
         sampler=sampler,
         drop_last=data.drop_last,
-        generator=generator,
+        generator=torch.Generator(),  # so creating the iterator never draws from the global RNG
     )
     accum = train.grad_accum_steps
     total_steps = train.max_steps or train.epochs * math.ceil(len(loader) / accum)
     optimizer = torch.optim.AdamW(
         model.parameters(),
-        lr=config.optim.lr,
-        weight_decay=config.optim.weight_decay,
+        lr=opt.lr,
+        weight_decay=opt.weight_decay,
         fused=True if fused else None,
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, config.optim, total_steps)
-    )
-    torch.manual_seed(seed + rank)  # the trainer re-seeds per rank: dropout differs by rank
+    torch.manual_seed(seed + rank)  # run.seed + rank: each rank's own dropout stream
     step = 0
     for epoch in range(train.epochs):
         sampler.set_epoch(epoch)
-        generator.manual_seed(seed * 100003 + epoch)  # as hpcddp.data.start_epoch does
         for i, (inputs, targets) in enumerate(loader):
             window = min(accum, len(loader) - i // accum * accum)  # the last may be shorter
             last = i % accum == window - 1  # gradients are all-reduced on the last only
@@ -201,10 +213,11 @@ def hand_written_ddp(
                 loss = F.cross_entropy(ddp(inputs), targets) / window
                 loss.backward()
             if last:
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
                 step += 1
+                for group in optimizer.param_groups:
+                    group["lr"] = opt.lr * warmup_then_cosine(step, opt, total_steps)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             if step == total_steps:
                 break
         if step == total_steps:

@@ -1,4 +1,7 @@
-"""The benchmarks run end to end and print their tables (figures are not checked)."""
+"""The benchmarks run end to end and print their tables (figures are not checked).
+
+Opt-in (``python -m pytest -m benchmark``): they check only the output's format.
+"""
 
 import re
 import subprocess
@@ -6,7 +9,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.benchmark]
 
 
 def run(module: str, *args: str) -> str:

@@ -82,6 +82,7 @@ def test_unfused_trainer_equals_the_tutorial_loop(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.benchmark
 def test_benchmark_quick_prints_the_table(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "tests.benchmarks.training", "--quick", "--dir", str(tmp_path)],

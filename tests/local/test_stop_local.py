@@ -67,7 +67,9 @@ def test_signal_reaching_one_rank_stops_all_at_the_same_step(tmp_path):
 def test_stops_before_the_time_limit_without_any_signal(tmp_path):
     """No signal configured: the ranks still stop and checkpoint ahead of the job's end."""
     run_dir = tmp_path / "run"
-    end = time.time() + 30  # what Slurm's SLURM_JOB_END_TIME / squeue %e would say
+    # what Slurm's SLURM_JOB_END_TIME / squeue %e would say: 40 s before the stop margin, time
+    # enough for 2 ranks to start and reach their first deadline check on 2 loaded cores
+    end = time.time() + 60
     launcher = start_local(
         run_dir, *LONG, "train.stop_before_end_s=20", "train.epochs=1000",
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

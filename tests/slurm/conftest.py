@@ -17,7 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fixtures.helpers import REPO
+from tests.fixtures import sharing
+from tests.fixtures.helpers import ENDED, REPO, in_ci
 
 CLUSTER_SCRIPT = REPO / "tests" / "cluster" / "local-slurm.sh"
 
@@ -129,6 +130,22 @@ class SlurmCluster:
             time.sleep(0.5)
         raise AssertionError(f"job {job_id} still {self.job_state(job_id)} after {timeout} s")
 
+    def wait_settled(self, job_id: str, timeout: float = 120) -> str:
+        """Wait until none of the job's processes is left; return squeue's state then.
+
+        A job cancelled while it runs stays COMPLETING until its last process has ended, so once
+        it leaves that state nothing of the job is left that could still requeue it.
+        """
+        settled = {*ENDED, "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            command = ("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T")
+            state = self.run(*command, check=False).stdout.strip()
+            if state in settled:
+                return state
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} still {state or 'unknown'} after {timeout} s")
+
     def sbatch(
         self, tmp_path: pathlib.Path, *args: str, options: tuple[str, ...] = (), wait: bool = True
     ) -> tuple[str, str]:
@@ -163,7 +180,7 @@ class SlurmCluster:
 
 
 def _cluster_unavailable(message: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
+    if in_ci():
         pytest.fail(f"local Slurm cluster could not start under CI: {message}")
     pytest.skip(f"local Slurm cluster unavailable: {message}")
 
@@ -173,9 +190,10 @@ def slurm_cluster() -> SlurmCluster:
     """Start (or reuse) the local multi-node cluster for the whole session."""
     if os.geteuid() != 0:
         _cluster_unavailable("the local cluster needs root (network namespaces, apt)")
-    started = subprocess.run(
-        ["bash", str(CLUSTER_SCRIPT), "start"], capture_output=True, text=True, timeout=900
-    )
+    with sharing.locked(_start_lock()):  # one xdist worker starts it, the others reuse it
+        started = subprocess.run(
+            ["bash", str(CLUSTER_SCRIPT), "start"], capture_output=True, text=True, timeout=900
+        )
     if started.returncode != 0:
         _cluster_unavailable(
             f"{CLUSTER_SCRIPT} start failed:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}"
@@ -201,6 +219,26 @@ def slurm_cluster() -> SlurmCluster:
         cli_env={"SLURM_CONF": conf},
         ifnames=dict(pair.split("=") for pair in exported["HPCDDP_SLURM_IFNAMES"].split()),
     )
+
+
+def _start_lock() -> pathlib.Path:
+    """Beside the instance's state folder (/tmp/hpcddp-slurm[-k], as local-slurm.sh names it)."""
+    instance = os.environ.get("HPCDDP_SLURM_INSTANCE", "")
+    return pathlib.Path(f"/tmp/hpcddp-slurm{'-' + instance if instance else ''}.start.lock")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _prompt_job_watcher() -> Iterator[None]:
+    """submitit's job watcher asks squeue at most every 2 s here, not every 30 s.
+
+    A job that ends without a result (cancelled, failed before it wrote one) is only noticed
+    when the watcher next asks Slurm; tests wait for that, users can afford 30 s.
+    """
+    from hpcddp.slurm import submission
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(submission.SlurmRun, "watcher", submission._SqueueWatcher(delay_s=2))
+        yield
 
 
 def _node_number(name: str) -> int:

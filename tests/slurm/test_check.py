@@ -65,6 +65,7 @@ def test_the_table_shows_each_rank_on_the_interface_that_routes_to_the_master(
     assert done.stdout.splitlines()[-1].endswith("warning(s): the job would train.")
 
 
+@pytest.mark.quiet
 def test_a_rate_limited_node_is_named(slurm_cluster, tmp_path):
     slow = slurm_cluster.nodes[1]
     with slurm_cluster.shaped(slow, "link=40mbit"):
@@ -77,6 +78,7 @@ def test_a_rate_limited_node_is_named(slurm_cluster, tmp_path):
     assert done.returncode == 0  # slow is not broken: the job would train, slowly
 
 
+@pytest.mark.quiet
 def test_a_throttled_node_is_named(slurm_cluster, tmp_path):
     slow = slurm_cluster.nodes[0]
     with slurm_cluster.shaped(slow, "cpu=15"):

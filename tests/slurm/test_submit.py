@@ -219,22 +219,14 @@ def test_scancel_stops_a_running_job_for_good(cluster, tmp_path):
         wait_until(lambda: _ending(cluster, job.job_id), "Slurm to mark the job ending", 30)
         pathlib.Path(f"{gate}.go").touch()  # now the run reads the job's end: now
         stopped = job.result()
-        # a self-requeue happens before the job's processes end: once Slurm has finished
-        # ending the job, its restart count is final
-        wait_until(lambda: not _ending_still(cluster, job.job_id), "the job to end", 60)
+        settled = cluster.wait_settled(job.job_id)  # its last process gone: no requeue after
         record = cluster.run("scontrol", "show", "job", job.job_id).stdout
     finally:
         cluster.run("scancel", job.job_id, check=False)  # a requeued, pending job: no signal
     assert stopped.stop == StopReason.TERMINATED and not stopped.requeued
-    assert "JobState=CANCELLED" in record and "Restarts=0" in record
+    assert settled == "CANCELLED" and "Restarts=0" in record, record
     status = fields(run_cli("status", job.job_id, env=cluster.cli_env, timeout=60).stdout)
     assert (status["state"], status["summary.json"]) == ("CANCELLED", "no")
-
-
-def _ending_still(cluster, job_id: str) -> bool:
-    """Slurm is still running or ending the job (RUNNING, COMPLETING)."""
-    record = cluster.run("scontrol", "show", "job", job_id).stdout
-    return "JobState=RUNNING" in record or "JobState=COMPLETING" in record
 
 
 def _ending(cluster, job_id: str) -> bool:

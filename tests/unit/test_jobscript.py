@@ -24,7 +24,7 @@ from hpcddp.cli import sbatch as sbatch_cli
 from hpcddp.config import from_dict, load_config
 from hpcddp.errors import ConfigError, HpcddpError, LaunchError
 from hpcddp.slurm import jobscript, options
-from tests.fixtures.helpers import HOSTILE, REPO, run_cli
+from tests.fixtures.helpers import HOSTILE, REPO, in_ci, run_cli
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 
@@ -251,10 +251,26 @@ GOLDEN_NAMES = ["defaults", "multinode-gpu", "hostile", "apptainer-setup", "pyxi
 def test_golden(name):
     text, path = golden_cases()[name], GOLDEN / f"{name}.sbatch"
     if os.environ.get("HPCDDP_UPDATE_GOLDEN") == "1":
-        GOLDEN.mkdir(exist_ok=True)
-        path.write_text(text)
+        _rewrite_golden(path, text)
     assert path.exists(), f"{path} missing: run with HPCDDP_UPDATE_GOLDEN=1 to create it"
     assert text == path.read_text(), f"{path} changed; HPCDDP_UPDATE_GOLDEN=1 rewrites it"
+
+
+def _rewrite_golden(path: pathlib.Path, text: str) -> None:
+    """Rewrite a golden file that changed, and fail: a rewrite is for review, never a pass."""
+    if in_ci():
+        pytest.fail(
+            "HPCDDP_UPDATE_GOLDEN=1 under CI=true: CI checks the golden files, it never "
+            "rewrites them. HINT: unset HPCDDP_UPDATE_GOLDEN."
+        )
+    if path.exists() and path.read_text() == text:
+        return
+    GOLDEN.mkdir(exist_ok=True)
+    path.write_text(text)
+    pytest.fail(
+        f"{path} rewritten. HINT: review `git diff {path}`, commit it and run again "
+        "without HPCDDP_UPDATE_GOLDEN."
+    )
 
 
 @pytest.mark.parametrize("name", GOLDEN_NAMES)

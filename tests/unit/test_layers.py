@@ -105,11 +105,18 @@ TORCH_FREE_CHECK = """
 import sys
 from hpcddp.cli import main
 try:
-    main(sys.argv[1:])
-except SystemExit:
-    pass
+    code = main(sys.argv[1:])
+except SystemExit as stop:  # argparse's --help ends this way
+    code = stop.code
 heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "numpy", "submitit"})
+print("EXIT:" + str(code or 0))
 print("HEAVY:" + ",".join(heavy))
+"""
+
+# scontrol as a controller that knows job 123, so `status` and `logs` take their success path
+# (and its imports) instead of stopping at "scontrol did not answer".
+FAKE_SCONTROL = """#!/bin/sh
+echo "JobId=123 JobName=hpcddp JobState=RUNNING NodeList=n1 StdOut=$0.out StdErr=$0.out"
 """
 
 
@@ -126,7 +133,11 @@ print("HEAVY:" + ",".join(heavy))
     ],
 )
 def test_login_commands_start_without_torch(argv, allowed, tmp_path):
-    env = {"HPCDDP_JOBS_DIR": str(tmp_path), "PATH": str(tmp_path)}  # no Slurm here
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(FAKE_SCONTROL)
+    scontrol.chmod(0o755)
+    pathlib.Path(f"{scontrol}.out").write_text("the job's output\n")
+    env = {"HPCDDP_JOBS_DIR": str(tmp_path), "PATH": str(tmp_path)}  # no Slurm but scontrol
     done = subprocess.run(
         [sys.executable, "-c", TORCH_FREE_CHECK, *argv],
         cwd=REPO,
@@ -135,7 +146,8 @@ def test_login_commands_start_without_torch(argv, allowed, tmp_path):
         timeout=60,
         env=env,
     )
-    heavy = done.stdout.strip().splitlines()[-1]
+    *_, exit_line, heavy = done.stdout.strip().splitlines()
+    assert exit_line == "EXIT:0", f"`hpcddp {' '.join(argv)}` failed:\n{done.stderr[-2000:]}"
     assert heavy.startswith("HEAVY:"), done.stderr
     assert set(filter(None, heavy[len("HEAVY:") :].split(","))) <= allowed, done.stdout
 

@@ -279,8 +279,8 @@ TORCHRUN = {
     "MASTER_PORT": "29400",
 }
 
-# (id, extra environment, GPUs seen, device chosen or words of the refusal)
-DEVICES = [
+# (id, extra environment, GPUs seen, words of the refusal)
+REFUSED = [
     ("gpu-is-no-device", {"HPCDDP_DEVICE": "gpu"}, 2, "HPCDDP_DEVICE='gpu' is not a device"),
     ("upper-case", {"HPCDDP_DEVICE": "CUDA"}, 2, "expected cpu, cuda or cuda:N"),
     ("index-missing", {"HPCDDP_DEVICE": "cuda:"}, 2, "expected cpu, cuda or cuda:N"),
@@ -289,22 +289,33 @@ DEVICES = [
     ("cuda-without-gpu", {"HPCDDP_DEVICE": "cuda"}, 0, "HPCDDP_DEVICE=cuda but this process"),
     ("nccl-on-cpu", {"HPCDDP_BACKEND": "nccl"}, 0, "HPCDDP_BACKEND=nccl needs CUDA"),
     ("nccl-on-forced-cpu", {"HPCDDP_BACKEND": "nccl", "HPCDDP_DEVICE": "cpu"}, 2, "needs CUDA"),
-    ("index-in-range", {"HPCDDP_DEVICE": "cuda:1"}, 2, "cuda:1"),
-    ("cpu", {"HPCDDP_DEVICE": "cpu"}, 2, "cpu"),
-    ("nccl-on-gpu", {"HPCDDP_BACKEND": "nccl"}, 2, "cuda:1"),
+]
+
+# (id, extra environment, GPUs seen, device chosen, backend chosen)
+ACCEPTED = [
+    ("index-in-range", {"HPCDDP_DEVICE": "cuda:1"}, 2, "cuda:1", "nccl"),
+    ("cpu", {"HPCDDP_DEVICE": "cpu"}, 2, "cpu", "gloo"),
+    ("nccl-on-gpu", {"HPCDDP_BACKEND": "nccl"}, 2, "cuda:1", "nccl"),
 ]
 
 
 @pytest.mark.parametrize(
-    "extra, gpus, expected", [c[1:] for c in DEVICES], ids=[c[0] for c in DEVICES]
+    "extra, gpus, expected", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED]
 )
 def test_device_and_backend_mistakes_are_refused_before_the_group(extra, gpus, expected):
     env, refusal = place({**TORCHRUN, **extra}, cuda_devices=lambda: gpus, hostname="n2")
-    if refusal is None:
-        assert env.device == expected
-        return
     assert isinstance(refusal, LaunchError) and expected in str(refusal)
     assert "HINT: " in str(refusal) and env.rank == 1  # still told to the others at the meeting
+
+
+@pytest.mark.parametrize(
+    "extra, gpus, device, backend", [c[1:] for c in ACCEPTED], ids=[c[0] for c in ACCEPTED]
+)
+def test_valid_device_and_backend_choices_are_accepted(extra, gpus, device, backend):
+    """A valid choice must not be refused, whatever words a refusal would have used."""
+    env, refusal = place({**TORCHRUN, **extra}, cuda_devices=lambda: gpus, hostname="n2")
+    assert refusal is None, f"a valid choice was refused: {refusal}"
+    assert (env.device, env.backend) == (device, backend)
 
 
 def test_dist_backend_nccl_without_cuda_names_the_config_key():

@@ -627,10 +627,15 @@ def test_job_records_are_written_durably(tmp_path, monkeypatch):
     assert [p.name for p in (tmp_path / "jobs").iterdir()] == ["91.json"]  # no temp left behind
 
 
-SILENT_SCONTROL = "#!/bin/sh\nsleep 60\n"  # a controller that never answers
+SILENT_SCONTROL = "#!/bin/sh\nsleep 600\n"  # a controller that never answers
 
 
-def test_status_with_an_unreachable_controller_answers_within_five_seconds(tmp_path):
+def test_status_with_an_unreachable_controller_answers_after_the_ask_timeout(tmp_path):
+    """`hpcddp status` gives up on a silent controller after ASK_TIMEOUT_S, not its sleep.
+
+    The bound is the ask timeout plus what starting `hpcddp status` costs right now (measured
+    here with `--help`, which asks Slurm nothing), so a loaded machine cannot fail it.
+    """
     make_record(tmp_path)
     (tmp_path / "run" / "summary.json").write_text("{}")
     make_record(tmp_path / "other", job_id="78")  # no summary: only Slurm could tell
@@ -639,17 +644,20 @@ def test_status_with_an_unreachable_controller_answers_within_five_seconds(tmp_p
     (bin_dir / "scontrol").write_text(SILENT_SCONTROL)
     (bin_dir / "scontrol").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HPCDDP_JOBS_DIR": str(job_index.jobs_dir())}
+    started = time.monotonic()
+    assert run_cli("status", "--help", env=env, timeout=120).returncode == 0
+    bound = time.monotonic() - started + slurm_queue.ASK_TIMEOUT_S + 5
     for job_id, expected in (("77", "COMPLETED"), ("78", "UNKNOWN (`scontrol show job -o 78`")):
         started = time.monotonic()
-        done = run_cli("status", job_id, env=env, timeout=30)
+        done = run_cli("status", job_id, env=env, timeout=120)
         took = time.monotonic() - started
         assert done.returncode == 0, done.stderr
         state = next(line for line in done.stdout.splitlines() if line.startswith("state:"))
         assert state.split(None, 1)[1].startswith(expected), state
-        assert took < 5, f"hpcddp status took {took:.1f} s"
+        assert took < bound, f"hpcddp status took {took:.1f} s (bound {bound:.1f} s)"
     started = time.monotonic()
-    unknown = run_cli("status", "99", env=env, timeout=30)
-    assert unknown.returncode == 1 and time.monotonic() - started < 5
+    unknown = run_cli("status", "99", env=env, timeout=120)
+    assert unknown.returncode == 1 and time.monotonic() - started < bound
     assert unknown.stderr.startswith("hpcddp: error: `scontrol show job -o 99` did not answer")
 
 

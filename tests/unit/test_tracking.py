@@ -16,6 +16,8 @@ from hpcddp.errors import ConfigError
 from hpcddp.storage import tracking
 from hpcddp.storage.metrics_log import MetricsLog
 from hpcddp.storage.tracking import Tracker
+from tests.fixtures import wandb_records
+from tests.fixtures.helpers import wait_until
 
 pytest.importorskip("tensorboard")  # the [test] extra installs it; CI fails on any skip
 
@@ -61,15 +63,23 @@ def test_mlflow_holds_each_step_once_in_one_run(tmp_path, monkeypatch):
     assert params["optim.lr"] == "0.1" and params["world_size"] == "4"
 
 
-def test_wandb_offline_is_one_run_across_attempts(tmp_path, monkeypatch):
+def test_wandb_offline_is_one_run_holding_each_step_once_with_its_values(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     run_attempts(tmp_path, ["wandb"])
     run_id = json.loads((tmp_path / "tracking" / "run.json").read_text())["run_id"]
-    offline = sorted((tmp_path / "tracking" / "wandb").glob("offline-run-*"))
-    assert len(offline) == len(ATTEMPTS)  # one folder per attempt, all of one run id
-    assert all(f"-{run_id}" in f.name for f in offline)
+    logs = sorted((tmp_path / "tracking" / "wandb").glob("offline-run-*/*.wandb"))
+    assert len(logs) == len(ATTEMPTS)  # one offline log per attempt, all of one run
+    for log in logs:  # wandb's own process may still be writing after finish() returned
+        wait_until(lambda log=log: wandb_records.ended(log), f"W&B's exit record in {log}", 60)
+    for log in logs:
+        assert wandb_records.run(log) == (run_id, {"_wandb": {}, **PARAMS})
+    points = [point for log in logs for point in wandb_records.history(log)]
+    assert [(p["_step"], p["loss"]) for p in points] == [
+        (step, pytest.approx(loss(step))) for step in range(1, 21)
+    ]
+    assert not any("note" in p for p in points)  # text is not a metric
 
 
 class Recorder(tracking.Backend):
