@@ -27,7 +27,7 @@ def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
     if not _active():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=group or side_group())
+    dist.broadcast_object_list(box, src=src, group=group if group is not None else side_group())
     return box[0]
 
 
