@@ -45,7 +45,8 @@ def scheme_of(token: str) -> str:
     """The scheme a sidecar token was written with; ValueError when it is not one we know."""
     scheme, _, hexdigits = token.rpartition(":")
     scheme = scheme or SHA256
-    if scheme not in SCHEMES or not re.fullmatch(f"[0-9a-f]{{{SCHEMES[scheme]}}}", hexdigits):
+    named = scheme in SCHEMES and (scheme != SHA256 or hexdigits == token)  # sha256: is bare
+    if not named or not re.fullmatch(f"[0-9a-f]{{{SCHEMES[scheme]}}}", hexdigits):
         known = ", ".join(f"{s}:<{n} hex>" for s, n in SCHEMES.items() if s != SHA256)
         raise ValueError(f"unknown digest {token[:80]!r}; expected {known} or <64 hex>")
     return scheme
