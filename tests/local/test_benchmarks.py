@@ -25,6 +25,9 @@ def test_checkpoint_benchmark_quick_prints_every_ratio(tmp_path):
     for row in ("stall per save", "write MB/s", "write MB/s while training", "load s"):
         assert re.search(rf"^{row}.*\s\d+\.\d\d\s+[<>]= \d\.\d\d$", out, re.M), out
     assert re.search(r"^peak RSS on resume.*\s\d\.\d\d\s+\d\.\d\d\s+<= 1\.10$", out, re.M), out
+    assert re.search(r"^digest GB/s \(xxh3-128 vs sha256 chunks\)(\s+\d+\.\d\d){3}$", out, re.M), (
+        out
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -38,3 +41,10 @@ def test_telemetry_benchmark_quick_prints_the_cost_per_step():
     assert re.search(r"^plain step\s+\d+\.\d{4} ms$", out, re.M), out
     assert re.search(r"^difference\s+-?\d+\.\d{4} ms", out, re.M), out
     assert re.search(r"^cost\s+\d+\.\d{4} ms  target <= 0\.05 ", out, re.M), out
+
+
+def test_startup_cpu_benchmark_prints_both_arms_and_the_ratio():
+    out = run("startup_cpu", "--rounds", "1")
+    assert re.search(
+        r"^raw \d+\.\d\d  hpcddp \d+\.\d\d  ratio \d\.\d{3} \(target <= 1\.10\)$", out, re.M
+    ), out
