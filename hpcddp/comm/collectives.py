@@ -2,16 +2,17 @@
 
 The classic hang: rank 0 fails inside ``if rank == 0:`` and the others wait on the next
 collective until its timeout. Here the doer's outcome is broadcast, so every rank raises the
-same error at once.
+same error at once. Object collectives run on the gloo side group (`hpcddp.comm.sidegroup`)
+unless told otherwise: never on NCCL, where they would need CUDA tensors.
 """
 
-import datetime
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import torch.distributed as dist
 
 from hpcddp import errors
+from hpcddp.comm.sidegroup import side_group
 from hpcddp.errors import HpcddpError
 
 T = TypeVar("T")
@@ -26,7 +27,7 @@ def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
     if not _active():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=group)
+    dist.broadcast_object_list(box, src=src, group=group if group is not None else side_group())
     return box[0]
 
 
@@ -35,7 +36,7 @@ def all_gather_object(obj: Any) -> list[Any]:
     if not _active():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=side_group())
     return out
 
 
@@ -44,7 +45,7 @@ def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     if not _active():
         return [obj]
     out = [None] * dist.get_world_size() if dist.get_rank() == dst else None
-    dist.gather_object(obj, out, dst=dst)
+    dist.gather_object(obj, out, dst=dst, group=side_group())
     return out
 
 
@@ -53,7 +54,7 @@ def on_rank_zero(fn: Callable[[], T], rank: int, what: str, group: Any = None) -
 
     An hpcddp error (a refusal, say) is raised as the very same error on every rank, so the job
     ends with one message and one exit status; anything else names rank 0 and what it did.
-    The others wait on ``group`` (default: the default group and its timeout).
+    The others wait on ``group`` (default: the side group with the job's timeout).
     """
     result, failure = None, None
     if rank == 0:
@@ -76,13 +77,3 @@ def _same_error(kind: str, message: str, what: str) -> Exception:
     if isinstance(cls, type) and issubclass(cls, HpcddpError):
         return cls(message)
     return HpcddpError(f"rank 0 failed to {what}: {kind}: {message}")
-
-
-def gloo_side_group(timeout_s: float) -> "dist.ProcessGroup":
-    """A gloo group of every rank, for small CPU collectives beside the training's own.
-
-    With the job's timeout: `new_group`'s default is 30 minutes, so an operation left in flight
-    when a peer hangs would hold every rank at teardown that long. Creating a group is a
-    collective: every rank must call this at the same point.
-    """
-    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))

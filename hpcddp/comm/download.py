@@ -10,7 +10,6 @@ within moments. Without an initialized process group (or in a world of one) the 
 
 import contextlib
 import dataclasses
-import datetime
 import hashlib
 import http.client
 import logging
@@ -24,12 +23,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import weakref
 from collections.abc import Iterator, Mapping
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 import torch.distributed as dist
 
+from hpcddp.comm.sidegroup import side_group
 from hpcddp.errors import DownloadError, HpcddpError
 from hpcddp.progress import ProgressBar, bar
 
@@ -52,7 +51,6 @@ _FETCH_HINT = (
 # collective, so every rank must ask for the same timeouts in the same order. Weak references:
 # torch drops its groups when the default group is destroyed, and a group kept alive past that
 # can abort the process at exit ("terminate called without an active exception").
-_GROUPS: dict[float, tuple["weakref.ref[Any]", "weakref.ref[dist.ProcessGroup]"]] = {}
 
 
 # --- the guard --------------------------------------------------------------------------------
@@ -124,18 +122,16 @@ def _distributed() -> bool:
 
 
 def _status_group(timeout_s: float, description: str) -> dist.ProcessGroup:
-    """A gloo group whose timeout suits downloads, made once per process group and timeout."""
-    refs = _GROUPS.get(timeout_s)
-    if refs is not None and refs[0]() is dist.group.WORLD and (kept := refs[1]()) is not None:
-        return kept
+    """The gloo side group (`hpcddp.comm.sidegroup`), with a timeout that suits downloads."""
     try:
-        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        group = side_group(timeout_s)
     except Exception as err:  # torch raises several unrelated types here
         raise DownloadError(
             f"{description}: could not create the gloo group that guards it: {err}. HINT: every "
             "rank must call the guard in the same order with the same timeout_s."
         ) from err
-    _GROUPS[timeout_s] = (weakref.ref(dist.group.WORLD), weakref.ref(group))
+    if group is None:
+        raise DownloadError(f"{description}: no process group to guard it with")
     return group
 
 

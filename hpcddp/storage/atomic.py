@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +80,18 @@ def write_temp(path: pathlib.Path, data: bytes | memoryview, fsync: bool = True)
 
 
 def stream_to_temp(
-    path: pathlib.Path, produce: Callable[[HashingSink], None]
+    path: pathlib.Path, produce: Callable[[HashingSink], None], hasher: Hasher | None = None
 ) -> tuple[pathlib.Path, str, int]:
     """Let ``produce`` write into a temp file next to ``path`` through a ``HashingSink``.
 
-    Returns ``(temp, sha256 hex digest, size in bytes)``; the temp is not yet fsynced.
+    Returns ``(temp, hex digest, size in bytes)``, the digest ``hasher``'s (sha256 unless
+    given); the temp is not yet fsynced.
     """
     with (
         _temp_file(path) as (tmp, fd),
-        ThreadPoolExecutor(1, thread_name_prefix="hpcddp-sha256") as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="hpcddp-hash") as pool,
     ):
-        sink = HashingSink(fd, pool)
+        sink = HashingSink(fd, pool, hasher)
         produce(sink)
         digest = sink.finish()
     return tmp, digest, sink.nbytes
@@ -192,18 +194,27 @@ def temp_writer_is_dead(path: pathlib.Path) -> bool:
 # Streaming sink
 
 
+class Hasher(Protocol):
+    """What a sink needs of a hash object: hashlib's and xxhash's both fit."""
+
+    def update(self, data, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
 class HashingSink:
     """File-like target for ``torch.save``: hashes and writes what it is given, in order.
 
-    Why: one pass over the bytes, no in-memory copy of the data, sha256 running on a helper
-    thread while the same bytes are written (both release the GIL), and torch's ~5 tiny writes
-    per tensor merged into large ones. ``error`` keeps the OSError that the caller may hide.
+    Why: one pass over the bytes, no in-memory copy of the data, the hash (sha256 unless
+    ``hasher`` is given) running on a helper thread while the same bytes are written (both
+    release the GIL), and torch's ~5 tiny writes per tensor merged into large ones. ``error``
+    keeps the OSError that the caller may hide.
     """
 
-    def __init__(self, fd: int, pool: ThreadPoolExecutor):
+    def __init__(self, fd: int, pool: ThreadPoolExecutor, hasher: Hasher | None = None):
         self._fd = fd
         self._pool = pool
-        self._sha = hashlib.sha256()
+        self._sha: Hasher = hasher if hasher is not None else hashlib.sha256()
         self._pending = bytearray()
         self.nbytes = 0
         self.error: OSError | None = None  # torch hides it behind a RuntimeError.
@@ -229,7 +240,7 @@ class HashingSink:
         """Called by torch.save; the real flush happens in finish()."""
 
     def finish(self) -> str:
-        """Write what is still pending; return the sha256 of everything written."""
+        """Write what is still pending; return the hex digest of everything written."""
         self._drain()
         return self._sha.hexdigest()
 

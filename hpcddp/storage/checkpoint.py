@@ -1,9 +1,9 @@
 """Rank-0 checkpoint storage that never loses work and never hands resume a broken file.
 
 Layout: ``<run_dir>/checkpoints/step-00000123.pt`` plus a sidecar ``step-00000123.pt.sha256``
-(``sha256sum``'s layout) holding the digest of the payload bytes: a sha256 of the sha256s of its
-16 MiB chunks, hashed on two threads (`hpcddp.storage.digest`, which says how to check it by
-hand with coreutils).
+(``sha256sum``'s layout; the name is historical) holding the digest of the payload bytes: an
+XXH3-128 named by its prefix, ``xxh3-128:<hex>`` (`hpcddp.storage.digest`, which says why, how to
+check it by hand with ``xxhsum -H2``, and which older sha256 digests still verify).
 
 Why it is crash-safe: the payload goes to a dot-prefixed temp file, the sidecar to another;
 both are fsynced, the sidecar is renamed into place, then the payload, then the directory is
@@ -13,9 +13,9 @@ resume ignores (temp files, a sidecar without its ``.pt``, a ``.pt`` without a s
 next save removes. When a step is saved again, the sidecar lists the old and the new digest
 until the rename is done, so the old payload stays verifiable throughout.
 
-Why ``torch.save`` writes into a hashing sink (`digest.ChunkHashingSink`, an
-``atomic.HashingSink``) rather than a path: the sink hashes the bytes while they stream to disk
-(no second copy of the model in memory, no second pass) and keeps the real ``OSError(ENOSPC)``;
+Why ``torch.save`` writes into a hashing sink (an ``atomic.HashingSink``) rather than a path:
+the sink hashes the bytes while they stream to disk (no second copy of the model in memory, no
+second pass) and keeps the real ``OSError(ENOSPC)``;
 torch itself reports a full disk only as ``RuntimeError: [enforce fail at
 inline_container.cc:672] . unexpected pos N vs M``, with no errno. The generic durable-write
 machinery (temp files, fsyncs, renames) lives in ``hpcddp.storage.atomic``; this module decides
@@ -30,11 +30,9 @@ memory), which also leaves the file in the page cache, then maps it
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import pathlib
-import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -48,7 +46,6 @@ from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, SIDECAR_SUFFIX, fil
 
 log = logging.getLogger(__name__)
 
-_READ_CHUNK_BYTES = 8 << 20  # one buffer, refilled: verification holds no copy of the file
 _DISK_FULL_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}
 
 
@@ -255,8 +252,8 @@ def _sidecar(path: pathlib.Path) -> pathlib.Path:
 
 
 def _sidecar_text(path: pathlib.Path, digests: list[str]) -> bytes:
-    """``sha256sum``'s layout; the digest is `hpcddp.storage.digest`'s (how to check it by hand
-    is in its docstring); a bare hex digest, as older versions wrote, is a whole-file sha256."""
+    """``sha256sum``'s layout; each token names its scheme (`hpcddp.storage.digest`, which says
+    how to check it by hand); a bare hex digest, as the first versions wrote, is a sha256."""
     return "".join(f"{d}  {path.name}\n" for d in digests).encode("ascii")
 
 
@@ -276,7 +273,7 @@ def _torch_save(step: int, state: dict, sink: atomic.HashingSink) -> None:
 
 @contextmanager
 def _torch_crc32_disabled():
-    """Skip torch's per-record CRC32: our sha256 covers every byte, and torch.load never checks
+    """Skip torch's per-record CRC32: our digest covers every byte, and torch.load never checks
     the CRC anyway (a flipped byte loads silently). Saves a full pass over the data."""
     previous = torch.serialization.get_crc32_options()  # Present in every torch we support.
     torch.serialization.set_crc32_options(False)
@@ -298,12 +295,11 @@ def _tensor_bytes(obj) -> int:
 
 
 def _read_digests(sidecar: pathlib.Path) -> list[str]:
-    """Hex digests listed in a ``sha256sum``-format sidecar (one per line)."""
+    """Digest tokens listed in a ``sha256sum``-format sidecar (one per line, scheme-prefixed)."""
     digests = []
     for line in sidecar.read_text(encoding="ascii").splitlines():
         token = line.split(" ", 1)[0].strip()
-        if not re.fullmatch(rf"({re.escape(digest.SCHEME)}:)?[0-9a-f]{{64}}", token):
-            raise ValueError(f"malformed line {line[:80]!r}")
+        digest.scheme_of(token)  # ValueError for a malformed line or an unknown scheme
         digests.append(token)
     if not digests:
         raise ValueError("no digest in it")
@@ -332,34 +328,25 @@ def _verify(path: pathlib.Path) -> None:
             "without it; resume falls back to an older checkpoint."
         ) from exc
     try:
-        chunked = any(d.startswith(f"{digest.SCHEME}:") for d in digests)
-        actual, size = digest.of_file(path) if chunked else _sha256_of(path)
+        # Usually one scheme; two only while a step written by an older version is replaced.
+        schemes = dict.fromkeys(digest.scheme_of(d) for d in reversed(digests))
+        for scheme in schemes:
+            actual, size = digest.of_file(path, scheme)
+            if actual in digests:
+                return
     except OSError as exc:
         raise CheckpointError(
             f"checkpoint {path} cannot be read: {exc}. HINT: check the filesystem and permissions."
         ) from exc
-    if actual not in digests:
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt: digest {_short(actual)} of its {size} bytes does "
-            f"not match {sidecar.name}; expected {_short(digests[-1])} HINT: it was truncated or "
-            "altered after saving; resume falls back to an older checkpoint."
-        )
+    raise CheckpointError(
+        f"checkpoint {path} is corrupt: digest {_short(actual)} of its {size} bytes does "
+        f"not match {sidecar.name}; expected {_short(digests[-1])}. HINT: it was truncated or "
+        "altered after saving; resume falls back to an older checkpoint."
+    )
 
 
 def _short(token: str) -> str:
     return token.rsplit(":", 1)[-1][:16] + "..."
-
-
-def _sha256_of(path: pathlib.Path) -> tuple[str, int]:
-    """(hex digest, size) of a file, read through one reused buffer."""
-    hasher, size = hashlib.sha256(), 0
-    buffer = bytearray(_READ_CHUNK_BYTES)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
-        while n := handle.readinto(buffer):
-            hasher.update(view[:n])
-            size += n
-    return hasher.hexdigest(), size
 
 
 def _is_debris(path: pathlib.Path) -> bool:

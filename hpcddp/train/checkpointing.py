@@ -4,10 +4,10 @@ Saving: each rank contributes its RNG states; rank 0 copies the state to host me
 (`hpcddp.storage.snapshot`, the only part the loop waits for) and writes it in a background
 thread (`hpcddp.storage.checkpoint`: temp file, hash while writing, fsync, rename). The next
 save, a stop and the end of training first wait for that write; its failure reaches every rank
-then, as the same error. The ranks that wait for rank 0 wait on a group whose timeout fits the
-checkpoint's size (`hpcddp.comm.waiting`), never tripping ``dist.timeout_s``.
+then, as the same error. The ranks that wait for rank 0 wait on the side group with a timeout
+that fits the checkpoint's size (`hpcddp.comm.waiting`), never tripping ``dist.timeout_s``.
 
-Resuming: local rank 0 of each node verifies the newest checkpoint's sha256 (one read of the
+Resuming: local rank 0 of each node verifies the newest checkpoint's digest (one read of the
 file per node, through that node's page cache) while every rank maps the file and copies each
 tensor where it belongs, letting go of the mapped pages as it goes (`hpcddp.storage.mapped`),
 so a rank holds its training state plus one chunk. Only when every node's check passed is the
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from hpcddp.comm import collectives, waiting
+from hpcddp.comm.sidegroup import side_group
 from hpcddp.config import TrainConfig
 from hpcddp.errors import CheckpointError, ConfigError, DistributedError, agreed
 from hpcddp.launch.distenv import DistEnv
@@ -69,10 +70,7 @@ class Checkpointer:
         self.snapshot = Snapshot()
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None
         self._writing: tuple[int, concurrent.futures.Future] | None = None
-        # a collective: every rank builds its Checkpointer at the same point
-        self.group = waiting.patient_group(
-            waiting.write_timeout_s(timeout_s, trained.state_bytes())
-        )
+        self.wait_timeout_s = waiting.write_timeout_s(timeout_s, trained.state_bytes())
 
     def save(self, progress: Progress, epoch_done: bool) -> None:
         """Every rank contributes its RNG state; rank 0 writes; every rank learns if it failed."""
@@ -83,7 +81,7 @@ class Checkpointer:
                 lambda: self._write(progress.step, self._state(progress, rng_states, epoch_done)),
                 self.env.rank,
                 "save a checkpoint",
-                group=self.group,
+                group=side_group(self.wait_timeout_s),
             )
 
     @property
@@ -104,7 +102,10 @@ class Checkpointer:
         """Until rank 0's background write is done; its failure is raised on every rank."""
         with preemption.shielded(finish=self._finish_writing):
             collectives.on_rank_zero(
-                self._finish_writing, self.env.rank, "write a checkpoint", group=self.group
+                self._finish_writing,
+                self.env.rank,
+                "write a checkpoint",
+                group=side_group(self.wait_timeout_s),
             )
 
     def _write(self, step: int, state: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcddp.comm.collectives import gloo_side_group
+from hpcddp.comm.sidegroup import side_group
 from hpcddp.outcome import StopReason
 
 log = logging.getLogger(__name__)
@@ -125,9 +125,8 @@ class StopVote:
         self._soon = False  # a pause since the last cast: vote again right after the next step
         self.next_step = 1  # the first vote: after step 1
         self._cast_at, self._since = 0, time.perf_counter()
-        # creating a group is a collective: every rank builds its StopVote at the same point
-        side = distributed and backend != "gloo"
-        self._group = gloo_side_group(timeout_s) if side else None
+        self._side = distributed and backend != "gloo"  # else the default (gloo) group
+        self._timeout_s = timeout_s
 
     def restart(self, step: int) -> None:
         """After a pause every rank took together (a checkpoint, an evaluation): vote after the
@@ -148,7 +147,10 @@ class StopVote:
         self._cast_at, self._since, self.pending = step, now, True
         if self._distributed:
             self._work = dist.all_reduce(
-                self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True
+                self._flag,
+                op=dist.ReduceOp.MAX,
+                group=side_group(self._timeout_s) if self._side else None,
+                async_op=True,
             )
 
     def result(self) -> StopReason | None:

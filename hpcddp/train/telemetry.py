@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcddp.comm.collectives import gloo_side_group
+from hpcddp.comm.sidegroup import side_group
 
 # What each rank reports per interval, in this order (a float64 vector on the wire).
 FIELDS = (
@@ -122,8 +122,8 @@ _UNTIMED = contextlib.nullcontext()
 class RankFigures:
     """Gathers every rank's interval vector without making the training step wait.
 
-    `start` posts an asynchronous all-gather on a gloo side group (made here: a collective, so
-    every rank builds this object at the same point); `finish` is asked after every step, and
+    `start` posts an asynchronous all-gather on the gloo side group (`hpcddp.comm.sidegroup`,
+    with ``timeout_s``); `finish` is asked after every step, and
     answers once the transfer has completed, which it waits for only at the next logging step,
     an evaluation or the end.
     """
@@ -132,7 +132,7 @@ class RankFigures:
         self, rank: int, world_size: int, hosts: list[str], timeout_s: float = 300.0
     ) -> None:
         self.rank, self.world_size, self.hosts = rank, world_size, hosts
-        self.group = gloo_side_group(timeout_s) if world_size > 1 else None
+        self.timeout_s = timeout_s
         self.parts = [torch.zeros(len(FIELDS), dtype=torch.float64) for _ in range(world_size)]
         self.work: Any = None
         self.step = 0
@@ -145,10 +145,11 @@ class RankFigures:
     def start(self, step: int, vector: torch.Tensor) -> None:
         """Send this rank's figures for the interval that ends at ``step``."""
         self.step = step
-        if self.group is None:
+        if self.world_size == 1:
             self.parts[0].copy_(vector)
         else:
-            self.work = dist.all_gather(self.parts, vector, group=self.group, async_op=True)
+            group = side_group(self.timeout_s)
+            self.work = dist.all_gather(self.parts, vector, group=group, async_op=True)
 
     def finish(self, wait: bool = True) -> dict[str, Any] | None:
         """The job's figures for the interval (rank 0), or None (other ranks, nothing pending).

@@ -20,9 +20,11 @@ What is measured, side by side in one run, with MB = 10^6 bytes:
   same tensor bytes + ``fsync`` into the same directory, alternated, medians; and again while
   the trainer trains in 2 other processes (its background writes, from rank 0's log, against
   raw writes made meanwhile by this process).
-- **Load**: a resume as the trainer does it (verify the sha256 in one read, map, copy into the
+- **Load**: a resume as the trainer does it (verify the digest in one read, map, copy into the
   model) against a raw read of the file, both with the file evicted from the page cache first
   (``posix_fadvise(DONTNEED)`` on that file only); medians.
+- **Digest**: `digest.of_file` of the checkpoint, in the page cache, under today's scheme
+  (XXH3-128) against the previous one (sha256 of 16 MiB chunks on 2 threads); medians, GB/s.
 - **Pinned host memory / state**: the bytes the snapshot of a background save pins on CUDA
   (`hpcddp.storage.chunks`: chunks sized to the state) against one caching-allocator block per
   tensor, each rounded up to a power of two (what it did before), for the same state: its
@@ -64,7 +66,7 @@ from hpcddp.config import (
     RunConfig,
     TrainConfig,
 )
-from hpcddp.storage import atomic, chunks, mapped
+from hpcddp.storage import atomic, chunks, digest, mapped
 from hpcddp.storage.checkpoint import CheckpointStore
 from tests.benchmarks import training
 
@@ -232,6 +234,7 @@ class Figures:
     busy_raw_mb_s: list[float]
     resume_s: list[float]
     raw_read_s: list[float]
+    digest_s: dict[str, list[float]]
     rss: dict[str, float]
     pinned: dict[str, float]
 
@@ -255,11 +258,26 @@ def measure(size_mb: float, runs: int, work: pathlib.Path, every: int) -> Figure
     for _ in range(runs):
         resumes.append(resume_s(store, path, model))
         reads.append(raw_read_s(path))
+    hashing = {scheme: digest_s(path, scheme, runs) for scheme in DIGESTS}
     rss = {how: peak_rss(path, size_mb, how) for how in ("mapped", "bytes")}
     pinned = pinned_over_state(model)
     return Figures(
-        size_mb, stalls, save_s, raw_s, busy_store, busy_raw, resumes, reads, rss, pinned
+        size_mb, stalls, save_s, raw_s, busy_store, busy_raw, resumes, reads, hashing, rss, pinned
     )
+
+
+DIGESTS = (digest.XXH3, digest.SHA256_CHUNKS)  # today's, the previous version's
+
+
+def digest_s(path: pathlib.Path, scheme: str, runs: int) -> list[float]:
+    """Seconds to digest ``path`` (read once first, so both schemes read the page cache)."""
+    digest.of_file(path, scheme)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        digest.of_file(path, scheme)
+        times.append(time.perf_counter() - started)
+    return times
 
 
 def pinned_over_state(model: nn.Module) -> dict[str, float]:
@@ -308,6 +326,7 @@ def report(f: Figures) -> str:
     busy_raw = statistics.median(f.busy_raw_mb_s) if f.busy_raw_mb_s else float("nan")
     resume, read = statistics.median(f.resume_s), statistics.median(f.raw_read_s)
     stall = {arm: statistics.mean(s[1:] or s) for arm, s in f.stall_ms.items()}
+    new, old = (mb / 1e3 / statistics.median(f.digest_s[s]) for s in DIGESTS)
     first = {arm: s[0] for arm, s in f.stall_ms.items()}
     rows = [
         f"checkpoints of a {mb:.0f} MB state (2 ranks, gloo, CPU); MB = 10^6 bytes",
@@ -322,6 +341,7 @@ def report(f: Figures) -> str:
         f"{busy_store / busy_raw:>8.2f}  >= 0.90",
         f"{'load s (verify+map+copy vs raw read)':<42}{resume:>12.2f}{read:>12.2f}"
         f"{resume / read:>8.2f}  <= 1.20",
+        f"{'digest GB/s (xxh3-128 vs sha256 chunks)':<42}{new:>12.2f}{old:>12.2f}{new / old:>8.2f}",
         f"{'peak RSS on resume / state (vs read_bytes)':<42}{f.rss['mapped']:>12.2f}"
         f"{f.rss['bytes']:>12.2f}{'':>8}  <= 1.10",
         f"{'pinned bytes / state (chunks vs per tensor)':<42}{f.pinned['chunks']:>12.2f}"

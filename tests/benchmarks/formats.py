@@ -20,7 +20,6 @@ MB = 10^6 bytes of tensor data.
 """
 
 import argparse
-import hashlib
 import os
 import pathlib
 import shutil
@@ -31,7 +30,7 @@ import time
 
 import torch
 
-from hpcddp.storage import atomic
+from hpcddp.storage import atomic, digest
 from hpcddp.storage.checkpoint import CheckpointStore
 
 
@@ -44,12 +43,10 @@ def _fsync(path: pathlib.Path) -> None:
 
 
 def _hash_files(root: pathlib.Path) -> None:
-    digest = hashlib.sha256()
+    """The store's digest (XXH3-128) of every file: what resume needs to verify them."""
     for path in sorted(root.rglob("*")) if root.is_dir() else [root]:
         if path.is_file():
-            with open(path, "rb") as handle:
-                while chunk := handle.read(8 << 20):
-                    digest.update(chunk)
+            digest.of_file(path)
 
 
 def raw(state: dict, out: pathlib.Path) -> None:

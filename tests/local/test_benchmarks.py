@@ -29,6 +29,9 @@ def test_checkpoint_benchmark_quick_prints_every_ratio(tmp_path):
         assert re.search(rf"^{row}.*\s\d+\.\d\d\s+[<>]= \d\.\d\d$", out, re.M), out
     assert re.search(r"^peak RSS on resume.*\s\d\.\d\d\s+\d\.\d\d\s+<= 1\.10$", out, re.M), out
     assert re.search(r"^pinned bytes / state.*\s1\.0\d\s+\d\.\d\d\s+<= 1\.10$", out, re.M), out
+    assert re.search(r"^digest GB/s \(xxh3-128 vs sha256 chunks\)(\s+\d+\.\d\d){3}$", out, re.M), (
+        out
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -49,3 +52,10 @@ def test_watchdog_benchmark_quick_prints_both_arms_and_the_difference():
     for row in ("plain step", "with watchdog"):
         assert re.search(rf"^{row}\s+\d+\.\d{{4}} ms", out, re.M), out
     assert re.search(r"^difference\s+[-+]\d+\.\d{4} ms  ratio \d\.\d{3}$", out, re.M), out
+
+
+def test_startup_cpu_benchmark_prints_both_arms_and_the_ratio():
+    out = run("startup_cpu", "--rounds", "1")
+    assert re.search(
+        r"^raw \d+\.\d\d  hpcddp \d+\.\d\d  ratio \d\.\d{3} \(target <= 1\.10\)$", out, re.M
+    ), out

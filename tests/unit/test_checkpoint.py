@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+import xxhash
 
 from hpcddp.errors import CheckpointError, HpcddpError
 from hpcddp.storage.atomic import atomic_write_bytes, atomic_write_text
@@ -103,11 +104,19 @@ def test_many_small_tensors_round_trip_and_torch_settings_are_restored(tmp_path)
     )  # Still a plain torch.save file.
 
 
-@pytest.mark.parametrize("megabytes", [0, 40])  # one short chunk; 2 full chunks and a short one
-def test_the_sidecar_digest_is_checked_by_hand_with_coreutils(tmp_path, megabytes):
+def test_the_sidecar_names_xxh3_128_and_holds_the_digest_of_the_payload_bytes(tmp_path):
     store = CheckpointStore(tmp_path)
-    store.save(7, {"w": torch.ones(megabytes * 250_000 + 3)})
-    by_hand = subprocess.run(
+    path = store.save(7, {"w": torch.ones(4_000_003)})
+    sidecar = path.with_name(path.name + ".sha256").read_text()
+    # What `xxhsum -H2 step-00000007.pt` prints, computed here from the bytes on disk.
+    assert sidecar == f"xxh3-128:{xxhash.xxh3_128_hexdigest(path.read_bytes())}  {path.name}\n"
+
+
+@pytest.mark.parametrize("megabytes", [0, 40])  # one short chunk; 2 full chunks and a short one
+def test_a_chunked_sha256_sidecar_of_the_previous_version_still_verifies(tmp_path, megabytes):
+    store = CheckpointStore(tmp_path)
+    path = store.save(7, {"w": torch.ones(megabytes * 250_000 + 3)})
+    by_hand = subprocess.run(  # how the previous version told users to check it
         "split -b 16M --filter='sha256sum | cut -c1-64' step-00000007.pt | sha256sum",
         shell=True,
         cwd=store.directory,
@@ -115,8 +124,30 @@ def test_the_sidecar_digest_is_checked_by_hand_with_coreutils(tmp_path, megabyte
         text=True,
         check=True,
     ).stdout.split()[0]
-    sidecar = (store.directory / "step-00000007.pt.sha256").read_text()
-    assert sidecar == f"sha256-16MiB-chunks:{by_hand}  step-00000007.pt\n"
+    record = path.with_name(path.name + ".sha256")
+    record.write_text(f"sha256-16MiB-chunks:{by_hand}  {path.name}\n")
+    assert read(store, path)["w"].numel() == megabytes * 250_000 + 3
+    _flip_middle(path)
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        read(store, path)
+
+
+def test_a_sidecar_with_an_old_and_a_new_scheme_verifies_the_payload_it_matches(tmp_path):
+    """While a step saved by an older version is replaced, its sidecar lists both digests."""
+    store = CheckpointStore(tmp_path)
+    path = store.save(3, _state(1.0))
+    new = path.with_name(path.name + ".sha256").read_text().split()[0]
+    stale = hashlib.sha256(b"the payload being replaced").hexdigest()
+    path.with_name(path.name + ".sha256").write_text(f"{stale}  x\n{new}  x\n")
+    assert read(store, path).keys() == _state(1.0).keys()
+
+
+def test_a_sidecar_naming_an_unknown_algorithm_is_refused_with_the_known_ones(tmp_path):
+    store = CheckpointStore(tmp_path)
+    path = store.save(3, _state(1.0))
+    path.with_name(path.name + ".sha256").write_text(f"md5:{'0' * 32}  {path.name}\n")
+    with pytest.raises(CheckpointError, match="unknown digest 'md5:0+'; expected xxh3-128:"):
+        read(store, path)
 
 
 def test_a_whole_file_sha256_sidecar_of_older_versions_still_verifies(tmp_path):

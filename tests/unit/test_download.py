@@ -183,11 +183,17 @@ def world_of_one():
         dist.destroy_process_group()
 
 
-def test_status_group_is_reused_and_not_kept_past_its_world(world_of_one):
+def test_the_guard_waits_on_the_one_side_group_with_its_own_timeout(world_of_one, monkeypatch):
     import torch.distributed as dist
 
+    from hpcddp.comm import sidegroup
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)  # a side group is made
+    shared = sidegroup.side_group()
     group = dl._status_group(5.0, "d")
-    assert dl._status_group(5.0, "d") is group
+    assert group is shared and sidegroup._timeout_of(group).total_seconds() == 5.0
+    assert sidegroup.side_group() is shared  # the next user gets it back, with its timeout
+    assert sidegroup._timeout_of(shared) == sidegroup.job_timeout()
     dist.destroy_process_group()
     world_of_one()
     assert dl._status_group(5.0, "d") is not group  # a new world gets a new group

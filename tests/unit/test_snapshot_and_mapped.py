@@ -57,9 +57,9 @@ def test_released_pages_leave_the_process(tmp_path):
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_verification_reads_in_chunks_and_still_catches_damage(tmp_path, damage, monkeypatch):
     from hpcddp.errors import CheckpointError
-    from hpcddp.storage import checkpoint
+    from hpcddp.storage import digest
 
-    monkeypatch.setattr(checkpoint, "_READ_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(digest, "_READ_BYTES", 4096)
     store = CheckpointStore(tmp_path)
     path = store.save(1, {"w": torch.randn(10_000)})
     store.verify(path)
