@@ -189,7 +189,7 @@ class Checkpointer:
             check = pool.submit(self.store.verify, path) if self.env.local_rank == 0 else None
             state = self._loadable(path)
             if state is not None:
-                self._check_world_size(step, state)
+                _check_world_size(self.run_dir, step, state["world_size"], self.env.world_size)
                 self._copy_weights(step, state["model"])
             problem = None if state is not None else "it does not load safely"
             try:
@@ -234,15 +234,6 @@ class Checkpointer:
             log.warning("cannot load checkpoint %s: %s", path, err)
             return None
 
-    def _check_world_size(self, step: int, state: dict[str, Any]) -> None:
-        if state["world_size"] != self.env.world_size:
-            raise ConfigError(
-                f"the checkpoint at step {step} in {self.run_dir} was written by "
-                f"{state['world_size']} ranks, this run has {self.env.world_size}; exact resume "
-                "needs the same world size. HINT: relaunch with the original number of tasks, "
-                "or choose a new run.dir."
-            )
-
     def _load_rest(self, step: int, state: dict[str, Any]) -> Progress:
         """Everything but the weights (already copied), from a verified checkpoint."""
         t = self.trained
@@ -255,3 +246,13 @@ class Checkpointer:
         progress = Progress(**state["progress"])
         log.info("resumed from step %d (epoch %d, batch %d)", step, progress.epoch, progress.batch)
         return progress
+
+
+def _check_world_size(run_dir: pathlib.Path, step: int, saved: int, world_size: int) -> None:
+    """Exact resume needs the world size the checkpoint was written by."""
+    if saved != world_size:
+        raise ConfigError(
+            f"the checkpoint at step {step} in {run_dir} was written by {saved} ranks, this run "
+            f"has {world_size}; exact resume needs the same world size. HINT: relaunch with the "
+            "original number of tasks, or choose a new run.dir."
+        )

@@ -98,8 +98,9 @@ def test_ranks_run_inside_apptainer_after_the_setup_lines(job, tmp_path):
     assert srun[10:14] == [sys.executable, "-m", "hpcddp", "train"]
 
 
-# srun that records what the container runtime will read from its environment
-GPU_ENV_SRUN = RECORD + (
+# srun that records what the container runtime will read from its environment (and, as
+# PYXIS_SRUN, runs the policy helper's own steps into the image)
+GPU_ENV_SRUN = PYXIS_SRUN + (
     'printf "%s|%s\\n" "${APPTAINER_NV:-}" "${NVIDIA_VISIBLE_DEVICES:-}" > "$STUB_DIR/gpu-env"\n'
 )
 
