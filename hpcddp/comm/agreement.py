@@ -9,7 +9,6 @@ every rank raises the same error, the first failing rank's, at the same moment.
 
 import dataclasses
 import itertools
-import os
 from typing import Any
 
 import torch.distributed as dist
@@ -40,7 +39,7 @@ def agree(fault: Fault | None, facts: Any = None, *, env: DistEnv, timeout_s: fl
     it is printed once), naming any other ranks that failed too. A rank that never arrives
     (hung in ``doing``) is named after ``timeout_s``; one that died, in a line, not a trace.
     """
-    key = f"hpcddp/agree/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_rounds)}"
+    key = f"hpcddp/agree/{env.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_rounds)}"
     store = _store()
     if store is not None:
         store.set(f"{key}/{env.rank}", "1")  # who arrived, for naming who did not

@@ -8,7 +8,6 @@ experiment trackers, if any (`hpcddp.storage.tracking`), which keep the same pro
 
 import json
 import logging
-import os
 import pathlib
 import time
 from typing import Any
@@ -23,7 +22,11 @@ class MetricsLog:
     """Append-only ``metrics.jsonl`` on rank 0; a resumed run drops lines past its checkpoint."""
 
     def __init__(
-        self, path: pathlib.Path, resume_step: int, tracker: Tracker | None = None
+        self,
+        path: pathlib.Path,
+        resume_step: int,
+        tracker: Tracker | None = None,
+        slurm_restart_count: str = "",
     ) -> None:
         self.path = path
         self._drop_after(resume_step)
@@ -31,7 +34,7 @@ class MetricsLog:
         self._start = time.time()
         self.tracker = tracker
         if resume_step:
-            restarts = os.environ.get("SLURM_RESTART_COUNT", "")
+            restarts = slurm_restart_count  # from the resolved environment (`DistEnv.environ`)
             self.write(step=resume_step, event="resumed", slurm_restart_count=restarts)
 
     def _drop_after(self, step: int) -> None:

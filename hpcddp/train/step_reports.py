@@ -45,7 +45,8 @@ class Reports:
             project = tracking.project or self.cfg.run.name
             params = self._params(run_dir)
             tracker = Tracker(tracking.backends, run_dir, step, params, project)
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl", step, tracker)
+        restarts = self.env.environ.get("SLURM_RESTART_COUNT", "")
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl", step, tracker, restarts)
 
     def _params(self, run_dir: pathlib.Path) -> dict[str, Any]:
         """What a tracking run records about itself: config, world, hosts, code."""
