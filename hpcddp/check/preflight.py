@@ -26,12 +26,13 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from hpcddp import exit_codes
 from hpcddp.check import checkup, cpu_quota
 from hpcddp.comm import collectives
 from hpcddp.comm.group import Joined, joined
 from hpcddp.config import Config
 from hpcddp.errors import HpcddpError
-from hpcddp.launch import cpus, gpus, netif
+from hpcddp.launch import cpus, error_reports, gpus, netif
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.resolve import place
 
@@ -362,4 +363,7 @@ def check(config: Config, size_mb: float = 16.0, env: DistEnv | None = None) -> 
         report = _report(env, done, config, size_mb)
         found = checkup.problems(report) if report is not None else []
         errors = collectives.broadcast_object(sum(p.severity == "error" for p in found))
+        if errors and not env.is_main:
+            # rank 0 may print and exit (status 1) while this rank still leaves the group
+            error_reports.leave_with_status_if_ended(exit_codes.FAILED)
     return Outcome(report, found, errors)

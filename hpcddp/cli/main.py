@@ -6,9 +6,9 @@ reaches is printed once: by our local launcher, or by rank 0 (`hpcddp.launch.err
 """
 
 import argparse
+import atexit
 import logging
 import os
-import signal
 import socket
 import sys
 import time
@@ -57,15 +57,31 @@ def report(err: HpcddpError, code: int) -> None:
             rank, socket.gethostname(), code, str(err), isinstance(err, PeerLostError)
         )
         error_reports.write(path, found)
-    elif error_reports.should_print(os.environ, own_place=_own_place(err)):
+        return
+    agreed = getattr(err, "agreed", False)
+    if agreed:
+        # Under `srun --kill-on-bad-exit` the first rank to exit ends the others: ended now,
+        # this rank still leaves with the job's status, not as "Terminated".
+        error_reports.leave_with_status_if_ended(code)
+    if error_reports.should_print(os.environ, own_place=_own_place(err)):
         print(f"hpcddp: error: {err}", file=sys.stderr, flush=True)
-    elif getattr(err, "agreed", False):
-        # Rank 0 prints it. Under `srun --kill-on-bad-exit` the first rank to exit ends the
-        # others, so this one waits a moment (rank 0's line must be out first), and if it is
-        # ended meanwhile it still leaves with the job's status, not as "Terminated".
-        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
-        time.sleep(AFTER_RANK_ZERO_S)
+    elif agreed:
+        time.sleep(AFTER_RANK_ZERO_S)  # rank 0 prints it: its line must be out first
     # Other ranks have logged it to their own log (RUN_DIR/logs/rank-R.log) already.
+    if agreed:
+        _leave_now(code)
+
+
+def _leave_now(code: int) -> None:
+    """Exit with ``code`` before the interpreter's teardown, which puts SIGTERM back to its
+    default: a rank still tearing torch down (seconds on a loaded node) when srun ends it would
+    read as killed (143) instead of the failure every rank agreed on. Exit handlers, logs and
+    output are finished first."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _own_place(err: HpcddpError) -> bool:

@@ -11,11 +11,21 @@ import dataclasses
 import json
 import os
 import pathlib
+import signal
 from collections.abc import Iterable, Mapping
 
 from hpcddp.launch.contexts import claimed_rank
 
 REPORT_FILE_VAR = "HPCDDP_REPORT_FILE"
+
+
+def leave_with_status_if_ended(code: int) -> None:
+    """From now on, a SIGTERM ends this process with ``code`` instead of "Terminated".
+
+    For a failure every rank agreed on: under `srun --kill-on-bad-exit` the first rank to exit
+    ends the others, which would then report a death (143) for what was one agreed error.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
 
 
 @dataclasses.dataclass(frozen=True)

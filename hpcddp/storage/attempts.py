@@ -112,13 +112,17 @@ def take_hang_verdict(
 ) -> dict[str, Any] | None:
     """The attempt's hang verdict (`hpcddp.comm.watchdog`), if its watchdog found a hang.
 
-    Taken once: it is renamed when read, so that a later failure of the same job (a restart on
-    a spare node keeps the job and its restart count) is never blamed on an old hang.
+    Taken once: a ``verdict.taken`` marker beside it says it was acted on, so that a later
+    failure of the same job (a restart on a spare node keeps the job and its restart count) is
+    never blamed on an old hang; the verdict itself stays where the user looks for it.
     """
     path = hang_dir(run_dir, job, restart) / "verdict.json"
+    taken = path.with_name("verdict.taken")
+    if taken.exists():
+        return None
     try:
         found = json.loads(path.read_text())
-        path.rename(path.with_name(f"verdict-taken-{time.time():.0f}.json"))
+        taken.touch()
     except (OSError, ValueError):
         return None
     return found if isinstance(found, dict) else None

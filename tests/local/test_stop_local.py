@@ -71,7 +71,8 @@ def test_stops_before_the_time_limit_without_any_signal(tmp_path):
     # enough for 2 ranks to start and reach their first deadline check on 2 loaded cores
     end = time.time() + 60
     launcher = start_local(
-        run_dir, *LONG, "train.stop_before_end_s=20", "train.epochs=1000",
+        run_dir, *LONG, "train.stop_before_end_s=20", "slurm.signal_delay_s=20",
+        "train.epochs=1000",
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "SLURM_JOB_END_TIME": str(int(end))},
     )  # fmt: skip

@@ -188,18 +188,45 @@ def _cluster_unavailable(message: str) -> None:
 @pytest.fixture(scope="session")
 def slurm_cluster() -> SlurmCluster:
     """Start (or reuse) the local multi-node cluster for the whole session."""
+    return _cluster(os.environ.get("HPCDDP_SLURM_INSTANCE", ""), nodes=None)
+
+
+@pytest.fixture(scope="session")
+def spare_cluster() -> SlurmCluster:
+    """A 3-node cluster of its own (instance 8), for the tests that keep a node in reserve;
+    the 2-node cluster's tests are left undisturbed by a third node."""
+    return _cluster(SPARE_INSTANCE, nodes=3)
+
+
+SPARE_INSTANCE = "8"
+
+
+def _cluster(instance: str, nodes: int | None) -> SlurmCluster:
+    """Start (or reuse) local cluster ``instance`` ("" for the default), with ``nodes`` nodes
+    (None: the script's default or HPCDDP_SLURM_NODES)."""
     if os.geteuid() != 0:
         _cluster_unavailable("the local cluster needs root (network namespaces, apt)")
-    with sharing.locked(_start_lock()):  # one xdist worker starts it, the others reuse it
+    script_env = {**os.environ, "HPCDDP_SLURM_INSTANCE": instance}
+    if nodes is not None:
+        script_env["HPCDDP_SLURM_NODES"] = str(nodes)
+    with sharing.locked(_start_lock(instance)):  # one xdist worker starts it, the others reuse it
         started = subprocess.run(
-            ["bash", str(CLUSTER_SCRIPT), "start"], capture_output=True, text=True, timeout=900
+            ["bash", str(CLUSTER_SCRIPT), "start"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=script_env,
         )
     if started.returncode != 0:
         _cluster_unavailable(
             f"{CLUSTER_SCRIPT} start failed:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}"
         )
     printed = subprocess.run(
-        ["bash", str(CLUSTER_SCRIPT), "env"], capture_output=True, text=True, check=True
+        ["bash", str(CLUSTER_SCRIPT), "env"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=script_env,
     ).stdout
     exported = dict(
         line.removeprefix("export ").split("=", 1) for line in printed.splitlines() if "=" in line
@@ -221,9 +248,8 @@ def slurm_cluster() -> SlurmCluster:
     )
 
 
-def _start_lock() -> pathlib.Path:
+def _start_lock(instance: str) -> pathlib.Path:
     """Beside the instance's state folder (/tmp/hpcddp-slurm[-k], as local-slurm.sh names it)."""
-    instance = os.environ.get("HPCDDP_SLURM_INSTANCE", "")
     return pathlib.Path(f"/tmp/hpcddp-slurm{'-' + instance if instance else ''}.start.lock")
 
 
