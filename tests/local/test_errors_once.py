@@ -57,7 +57,7 @@ def test_runs_of_one_refusal_in_a_row_end_with_the_same_status(tmp_path):
     """Rank 0 refuses the run directory; rank 1 learns it from rank 0: always 2, never 1."""
     file = a_file(tmp_path)
     seen = []
-    for _ in range(repeats(5)):  # HPCDDP_TEST_REPEATS=20 for a thorough hunt
+    for _ in range(repeats(3)):  # HPCDDP_TEST_REPEATS=20 for a thorough hunt
         done = run_cli("train", QUICKSTART, f"run.dir={file}/run", *TINY, "--nproc", "2")
         seen.append((done.returncode, tuple(refusal_lines(done.stderr))))
     assert {code for code, _ in seen} == {exit_codes.USAGE}, seen

@@ -13,7 +13,7 @@ import pytest
 from tests.fixtures.helpers import repeats
 
 pytestmark = pytest.mark.slow
-RUNS = repeats(10)
+RUNS = repeats(4)
 
 
 def test_finished_jobs_in_a_row_exit_zero_on_every_rank(slurm_cluster, tmp_path):

@@ -31,7 +31,7 @@ def test_object_collectives_and_agreements_use_the_gloo_side_group(two_ranks_see
     collectives.all_gather_object("x")
     collectives.gather_object("x")
     collectives.on_rank_zero(lambda: 1, rank=0, what="count")
-    env = types.SimpleNamespace(rank=0, world_size=2, hostname="h")
+    env = types.SimpleNamespace(rank=0, world_size=2, hostname="h", environ={})
     with pytest.raises(TypeError):  # the recorder gathers nothing; the group is what counts
         agreement.agree(None, env=env, timeout_s=5.0)
     side = sidegroup.side_group()
