@@ -18,7 +18,7 @@ from hpcddp import exit_codes
 from hpcddp.cli.args import split_config_and_overrides
 from hpcddp.config import load_config, reference
 from hpcddp.config.loading import read_text
-from hpcddp.errors import ConfigError
+from hpcddp.errors import ConfigError, agreed
 from hpcddp.outcome import RunOutcome, StopReason
 
 
@@ -41,7 +41,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             return launch(
                 ["train", *([f"--config={shared}"] if shared else []), *overrides], args.nproc
             )
-    config = load_config(config_path, overrides)  # bad input is refused before torch loads
+    try:  # bad input is refused before torch loads
+        config = load_config(config_path, overrides)
+    except ConfigError as err:
+        # every rank reads the same file and overrides: rank 0 says it, once, before the others
+        # leave (`hpcddp.cli.main.report`), even when srun ends rank 0 as soon as one has left
+        raise agreed(err) from None
     from hpcddp.launch.local import watch_launcher
     from hpcddp.train.trainer import Trainer
 
