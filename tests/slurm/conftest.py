@@ -193,12 +193,13 @@ def slurm_cluster() -> SlurmCluster:
 
 @pytest.fixture(scope="session")
 def spare_cluster() -> SlurmCluster:
-    """A 3-node cluster of its own (instance 8), for the tests that keep a node in reserve;
-    the 2-node cluster's tests are left undisturbed by a third node."""
+    """A 3-node cluster of its own (instance 8, or HPCDDP_SLURM_SPARE_INSTANCE), for the tests
+    that keep a node in reserve; the 2-node cluster's tests are left undisturbed by a third
+    node."""
     return _cluster(SPARE_INSTANCE, nodes=3)
 
 
-SPARE_INSTANCE = "8"
+SPARE_INSTANCE = os.environ.get("HPCDDP_SLURM_SPARE_INSTANCE", "8")
 
 
 def _cluster(instance: str, nodes: int | None) -> SlurmCluster:
