@@ -11,12 +11,15 @@ import pathlib
 
 import pytest
 
-from tests.fixtures import sharing
+from tests.fixtures import cluster_boot, sharing
 from tests.fixtures.helpers import in_ci
 
-# Tests start in this order. The Slurm tier mostly waits on the cluster and the local tier
-# keeps the cores busy, so they are dealt out interleaved; the quick unit tests fill the end.
+# Tests start in this order: the longest first (tests/longest.txt), then the Slurm and local
+# tiers interleaved (the Slurm tier mostly waits on the cluster while the local tier keeps the
+# cores busy), the quick unit tests, and the quiet tests last: each has the machine to itself,
+# so one dealt out mid-run would keep every worker waiting while the running tests drain.
 INTERLEAVED, LAST = ("slurm", "local"), ("unit",)
+LONGEST = pathlib.Path(__file__).parent / "longest.txt"
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -24,19 +27,42 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return sharing.worker_count(os.cpu_count())
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Boot the Slurm clusters this run needs in the background, once (not in each worker)."""
+    if sharing.in_worker() or session.config.option.collectonly or os.geteuid() != 0:
+        return  # without root the Slurm fixtures say why they cannot start a cluster
+    paths = [pathlib.Path(arg.split("::")[0]) for arg in session.config.args]
+    clusters = cluster_boot.needed(paths, session.config.option.markexpr or "")
+    if clusters:
+        cluster_boot.boot_in_background(clusters)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Deal the Slurm and local tiers out interleaved, the unit tier after them."""
+    """Order the tests as the comment above says."""
+    longest = {name: rank for rank, name in enumerate(longest_tests())}
+    quiet = [item for item in items if item.get_closest_marker("quiet")]
+    first = sorted(
+        (item for item in items if item.nodeid in longest), key=lambda item: longest[item.nodeid]
+    )
+    placed = {id(item) for item in (*quiet, *first)}
     tiers: dict[str, list[pytest.Item]] = {}
     for item in items:
-        tiers.setdefault(_tier(item), []).append(item)
+        if id(item) not in placed:
+            tiers.setdefault(_tier(item), []).append(item)
     keyed = []
     for name in INTERLEAVED:
         tier = tiers.pop(name, [])
         keyed += [(index / len(tier), item) for index, item in enumerate(tier)]
-    ordered = [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
+    ordered = first + [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
     ordered += [item for name in LAST for item in tiers.pop(name, [])]
     ordered += [item for rest in tiers.values() for item in rest]
-    items[:] = ordered
+    items[:] = ordered + quiet
+
+
+def longest_tests() -> list[str]:
+    """The test ids in tests/longest.txt, longest first."""
+    lines = LONGEST.read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def _tier(item: pytest.Item) -> str:

@@ -17,10 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fixtures import sharing
+from tests.fixtures import cluster_boot
+from tests.fixtures.cluster_boot import CLUSTER_SCRIPT
 from tests.fixtures.helpers import ENDED, REPO, in_ci
-
-CLUSTER_SCRIPT = REPO / "tests" / "cluster" / "local-slurm.sh"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -188,7 +187,7 @@ def _cluster_unavailable(message: str) -> None:
 @pytest.fixture(scope="session")
 def slurm_cluster() -> SlurmCluster:
     """Start (or reuse) the local multi-node cluster for the whole session."""
-    return _cluster(os.environ.get("HPCDDP_SLURM_INSTANCE", ""), nodes=None)
+    return _cluster(cluster_boot.MAIN_INSTANCE, nodes=None)
 
 
 @pytest.fixture(scope="session")
@@ -196,10 +195,7 @@ def spare_cluster() -> SlurmCluster:
     """A 3-node cluster of its own (instance 8, or HPCDDP_SLURM_SPARE_INSTANCE), for the tests
     that keep a node in reserve; the 2-node cluster's tests are left undisturbed by a third
     node."""
-    return _cluster(SPARE_INSTANCE, nodes=3)
-
-
-SPARE_INSTANCE = os.environ.get("HPCDDP_SLURM_SPARE_INSTANCE", "8")
+    return _cluster(cluster_boot.SPARE_INSTANCE, nodes=cluster_boot.SPARE_NODES)
 
 
 def _cluster(instance: str, nodes: int | None) -> SlurmCluster:
@@ -207,17 +203,7 @@ def _cluster(instance: str, nodes: int | None) -> SlurmCluster:
     (None: the script's default or HPCDDP_SLURM_NODES)."""
     if os.geteuid() != 0:
         _cluster_unavailable("the local cluster needs root (network namespaces, apt)")
-    script_env = {**os.environ, "HPCDDP_SLURM_INSTANCE": instance}
-    if nodes is not None:
-        script_env["HPCDDP_SLURM_NODES"] = str(nodes)
-    with sharing.locked(_start_lock(instance)):  # one xdist worker starts it, the others reuse it
-        started = subprocess.run(
-            ["bash", str(CLUSTER_SCRIPT), "start"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env=script_env,
-        )
+    started = cluster_boot.start(instance, nodes)  # quick if the suite's boot started it
     if started.returncode != 0:
         _cluster_unavailable(
             f"{CLUSTER_SCRIPT} start failed:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}"
@@ -227,7 +213,7 @@ def _cluster(instance: str, nodes: int | None) -> SlurmCluster:
         capture_output=True,
         text=True,
         check=True,
-        env=script_env,
+        env={**os.environ, "HPCDDP_SLURM_INSTANCE": instance},
     ).stdout
     exported = dict(
         line.removeprefix("export ").split("=", 1) for line in printed.splitlines() if "=" in line
@@ -235,23 +221,18 @@ def _cluster(instance: str, nodes: int | None) -> SlurmCluster:
     exported = {name: shlex.split(value)[0] if value else "" for name, value in exported.items()}
     conf = exported["SLURM_CONF"]
     env = {**os.environ, "SLURM_CONF": conf}
-    nodes = subprocess.run(
+    hosts = subprocess.run(
         ["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, env=env, check=True
     ).stdout.split()
     return SlurmCluster(
         conf=conf,
         env=env,
-        nodes=sorted(set(nodes), key=_node_number),
+        nodes=sorted(set(hosts), key=_node_number),
         login_addr=exported["HPCDDP_SLURM_LOGIN_ADDR"],
         netns_prefix=exported["HPCDDP_SLURM_NETNS_PREFIX"],
         cli_env={"SLURM_CONF": conf},
         ifnames=dict(pair.split("=") for pair in exported["HPCDDP_SLURM_IFNAMES"].split()),
     )
-
-
-def _start_lock(instance: str) -> pathlib.Path:
-    """Beside the instance's state folder (/tmp/hpcddp-slurm[-k], as local-slurm.sh names it)."""
-    return pathlib.Path(f"/tmp/hpcddp-slurm{'-' + instance if instance else ''}.start.lock")
 
 
 @pytest.fixture(scope="session", autouse=True)
