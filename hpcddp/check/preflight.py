@@ -11,7 +11,6 @@ lot (`hpcddp.check.checkup`).
 import contextlib
 import dataclasses
 import importlib.metadata
-import os
 import pathlib
 import platform
 import secrets
@@ -311,7 +310,7 @@ def _leaders(ranks: list[dict[str, Any]]) -> dict[str, int]:
 def _report(env: DistEnv, done: Joined, config: Config, size_mb: float) -> dict[str, Any] | None:
     """Gather everyone's facts and measure, inside the group; the report on rank 0."""
     with _token_in(pathlib.Path(config.run.dir), env.rank) as token:
-        mine = rank_facts(env, done, config, os.environ)
+        mine = rank_facts(env, done, config, env.environ)
         mine["sees_run_dir"] = (pathlib.Path(config.run.dir) / f".hpcddp-check-{token}").exists()
     ranks = collectives.all_gather_object(mine)
     allreduce = measure_allreduce(env, done.device, size_mb)
@@ -329,7 +328,7 @@ def _report(env: DistEnv, done: Joined, config: Config, size_mb: float) -> dict[
         "master_port": env.master_port,
         "master_ip": network.master_ip if network else "",
         # a local launcher's port was free a moment ago; a Slurm job's was chosen by hand
-        "port_explicit": env.launcher == "slurm" and bool(os.environ.get("MASTER_PORT")),
+        "port_explicit": env.launcher == "slurm" and bool(env.environ.get("MASTER_PORT")),
         "gpus_asked": config.slurm.gpus_per_node if env.launcher == "slurm" else 0,
         "allreduce": allreduce,
         "pairs": pairs,
