@@ -11,7 +11,13 @@ from hpcddp import exit_codes
 from tests.fixtures.helpers import EXACT, start_local, summary, train_local, wait_for_step
 
 pytestmark = pytest.mark.slow
-LONG = [*EXACT, "train.epochs=40", "train.log_every_steps=1"]
+# Long enough for a stop to land mid-run, at a walking pace (tests/fixtures/paced.py): the
+# ranks sleep rather than burn the cores while the test waits for its moment.
+PACED = [
+    "model.factory=tests.fixtures.paced:make_model",
+    "model.kwargs={sleep_s: 0.02, dropout: 0.1}",
+]
+LONG = [*EXACT, *PACED, "train.epochs=10", "train.log_every_steps=1"]
 
 
 def start(run_dir):
