@@ -46,6 +46,7 @@ def test_a_stale_end_time_and_a_relative_time_format_do_not_fool_the_deadline(
         "examples/quickstart.yaml",
         f"run.dir={tmp_path / 'run'}",
         *QUICK,
+        "model.factory=tests.fixtures.paced:make_model",  # waits on the clock, not a core
         "train.epochs=1000",
         "train.log_every_steps=1",
         "train.stop_before_end_s=150",  # 3 minutes of time: stop on our own 30 s in

@@ -28,6 +28,12 @@ def cluster(slurm_cluster, monkeypatch, tmp_path):
     return dataclasses.replace(slurm_cluster, cli_env={**slurm_cluster.cli_env, **jobs})
 
 
+# A run that lasts until the test has acted on it, sleeping rather than burning the cores
+PACED = [
+    "model.factory=tests.fixtures.paced:make_model",
+    "model.kwargs={sleep_s: 0.05}",
+    "data.kwargs={train_size: 2048, eval_size: 64}",
+]
 STATUS_KEYS = ("job", "state", "nodes", "run dir", "summary.json", "output")
 
 
@@ -181,7 +187,7 @@ def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path
     run_dir = tmp_path / "run"
     job = hpcddp.submit(
         "examples/quickstart.yaml",
-        [f"run.dir={run_dir}", "train.epochs=20"],
+        [f"run.dir={run_dir}", *PACED, "train.epochs=8"],
         nodes=1,
         tasks_per_node=2,
     )
@@ -193,7 +199,7 @@ def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path
         done = job.result().summary
     finally:
         cluster.run("scancel", job.job_id, check=False)
-    assert done["steps"] == 20 * 16384 // 2 // 64 and done["world_size"] == 2
+    assert done["steps"] == 8 * 2048 // 2 // 64 and done["world_size"] == 2
     assert "Restarts=1" in cluster.run("scontrol", "show", "job", job.job_id).stdout
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert "requeued" in log and "resumed from step" in log
