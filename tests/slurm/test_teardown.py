@@ -2,7 +2,7 @@
 
 Rank 0 serves the rendezvous store; if it leaves while a peer is still inside
 destroy_process_group, that peer can abort ("terminate called without an active exception")
-and a job that trained perfectly ends FAILED. Jobs in a row across two nodes (10 in the suite,
+and a job that trained perfectly ends FAILED. Jobs in a row across two nodes (4 in the suite,
 ``HPCDDP_TEST_REPEATS=40`` for a thorough hunt) must not.
 """
 
