@@ -388,6 +388,7 @@ def retry_failed(
 
     ``cluster`` defaults to where the sweep's last array ran.
     """
+    sweep_dir = pathlib.Path(sweep_dir)
     manifest = sweep_manifest.read(sweep_dir)
     indices = [row.index for row in sweep_rows(sweep_dir) if row.retryable]
     if not indices:

@@ -30,6 +30,7 @@ from. Torch-free: the login node reads it.
 import dataclasses
 import json
 import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 from hpcddp.errors import ConfigError
@@ -153,3 +154,27 @@ def _manifest(data: dict[str, Any]) -> Manifest:
         max_parallel=data.get("max_parallel"),
         config=dict(data.get("config") or {}),
     )
+
+
+def labels(points: Sequence[Point]) -> dict[int, str]:
+    """``lr=0.001 seed=0`` for each point: its grid values, each key by its last part unless
+    two keys share that part (then in full)."""
+    keys = list(dict.fromkeys(key for point in points for key in point.grid))
+    last = [key.rsplit(".", 1)[-1] for key in keys]
+    short = {
+        key: (tail if last.count(tail) == 1 else key) for key, tail in zip(keys, last, strict=True)
+    }
+    return {
+        point.index: " ".join(f"{short[k]}={_text(v)}" for k, v in point.grid.items())
+        for point in points
+    }
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (int, str)):
+        return str(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
