@@ -47,7 +47,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             options[option.field] = value
     from hpcddp.slurm.submission import sweep  # submitit: only when submitting
 
-    parallel = more.max_parallel or args.max_parallel
+    parallel = more.max_parallel if more.max_parallel is not None else args.max_parallel
     jobs = sweep(config_path, grid, overrides, max_parallel=parallel, cluster=cluster, **options)
     _announce(jobs, f"submitted a sweep of {len(jobs)} points")
     return exit_codes.OK

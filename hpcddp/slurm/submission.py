@@ -381,16 +381,18 @@ def _point_again(base: Config, point: sweep_manifest.Point) -> Config:
 
 
 def retry_failed(
-    sweep_dir: str | os.PathLike[str], cluster: str | None = None
+    sweep_dir: str | os.PathLike[str],
+    cluster: str | None = None,
+    run: slurm_queue.Runner | None = None,
 ) -> list[SlurmRun | LocalRun]:
     """Resubmit the sweep's failed, timed-out or stopped points as one new array over the same
     run directories (each resumes from its latest checkpoint); [] when none needs it.
 
-    ``cluster`` defaults to where the sweep's last array ran.
+    ``cluster`` defaults to where the sweep's last array ran; ``run`` runs ``squeue``.
     """
     sweep_dir = pathlib.Path(sweep_dir)
     manifest = sweep_manifest.read(sweep_dir)
-    indices = [row.index for row in sweep_rows(sweep_dir) if row.retryable]
+    indices = [row.index for row in sweep_rows(sweep_dir, run) if row.retryable]
     if not indices:
         return []
     return submit_points(manifest, indices, cluster or manifest.arrays[-1].cluster)

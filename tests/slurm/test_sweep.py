@@ -126,6 +126,9 @@ def test_retry_completes_only_the_failed_points_which_resume(sweep):
         run_dir = pathlib.Path(manifest["points"][index]["run_dir"])
         lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert any(r.get("event") == "resumed" for r in lines)
+    # die_at_call changes nothing but the death, and resume is exact: same lr, same metrics
+    final = [r["metrics"]["final"] for r in sweep["after_json"]]
+    assert final[0] == final[1] and final[2] == final[3] and final[0] != final[2]
     assert "nothing to retry" in sweep["again"].stdout and sweep["again"].returncode == 0
 
 
