@@ -33,8 +33,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cluster = more.cluster or args.cluster
     retry = more.retry_failed or args.retry_failed
     if retry:
-        if more.items or more.grid or args.grid:
-            raise ConfigError(f"--retry-failed takes only the sweep directory. HINT: {USAGE}")
+        given = [f"--{n.replace('_', '-')}" for n in [*OPTIONS, "grid", "max_parallel"]
+                 if getattr(more, n) is not None or getattr(args, n) is not None]  # fmt: skip
+        if more.items or given:
+            extra = " ".join([*given, *more.items])
+            raise ConfigError(
+                f"--retry-failed takes only the sweep directory (and --cluster), not {extra}: "
+                "its points keep their config. HINT: hpcddp sweep --retry-failed SWEEP_DIR"
+            )
         return _retry(retry, cluster)
     config_path, overrides = split_config_and_overrides(more.items)
     if config_path is None:

@@ -114,7 +114,8 @@ def failure_reason(record: JobRecord, reason: str) -> str:
 
 
 def _srun_death(stderr: pathlib.Path) -> str:
-    """``task 1 on c2n1: Killed`` from the last ``srun: error: HOST: task N: ...`` line."""
+    """``task 1 on c2n1: Killed`` from the first ``srun: error: HOST: task N: ...`` line: the
+    first task to die ended the others (``--kill-on-bad-exit``), so its line is the cause."""
     try:
         with stderr.open("rb") as handle:
             size = handle.seek(0, 2)
@@ -192,7 +193,7 @@ def sweep_rows(sweep_dir: str | pathlib.Path, run: Runner | None = None) -> list
     rows = []
     for point in manifest.points:
         found = latest[point.index]
-        if found is None:  # a manifest written before its first array was (cannot last)
+        if found is None:  # only in a manifest made by hand: submission records its array
             rows.append(_row(point, ("unsubmitted", "", False), "", 0))
             continue
         array, task = found

@@ -175,3 +175,14 @@ def test_labels_are_the_grid_values_short_where_unambiguous(tmp_path):
     }  # fmt: skip
     clash = [sweep_manifest.Point(0, {"optim.lr": 0.1, "sched.lr": True}, "d")]
     assert sweep_manifest.labels(clash) == {0: "optim.lr=0.1 sched.lr=true"}
+
+
+@pytest.mark.parametrize(
+    "extra", [["--nodes", "2"], ["--grid", "optim.lr=1,2"], ["optim.lr=1"], ["--max-parallel", "1"]]
+)
+def test_a_retry_takes_only_the_sweep_directory(extra, tmp_path, capsys):
+    sweep_manifest.write(tmp_path, _manifest(tmp_path))
+    assert main(["sweep", "--retry-failed", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--retry-failed takes only the sweep directory" in err and extra[0] in err
+    assert len(err.splitlines()) == 1
