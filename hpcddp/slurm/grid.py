@@ -87,7 +87,19 @@ def sweep_points(grid: Mapping[str, Sequence[Any]]) -> list[tuple[tuple[str, Any
                 f"sweep values for {key} must be a non-empty list, got "
                 f"{values!r}. HINT: {{'{key}': [a, b]}}."
             )
+        _check_plain(key, values)
     return [tuple(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def _check_plain(key: str, values: Sequence[Any]) -> None:
+    """Grid values name run directories and are recorded in sweep.json: plain data only."""
+    try:
+        json.dumps(list(values), allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            f"sweep values for {key} must be plain numbers, strings, booleans or lists ({err}). "
+            f"HINT: e.g. {{'{key}': [0.001, 0.003]}}, with float(x) for a numpy value."
+        ) from None
 
 
 def point_config(base: Config, index: int, point: Sequence[tuple[str, Any]]) -> Config:

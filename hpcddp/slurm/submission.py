@@ -336,6 +336,7 @@ def sweep(
         max_parallel=max_parallel,
         config=base.to_dict(),
     )
+    sweep_manifest.encode(manifest)  # refuses now what sweep.json could not hold after submitting
     return submit_points(manifest, range(len(points)), cluster)
 
 

@@ -105,11 +105,24 @@ def is_sweep_dir(sweep_dir: str | pathlib.Path) -> bool:
 
 def write(sweep_dir: str | pathlib.Path, manifest: Manifest) -> pathlib.Path:
     """Save the manifest whole (atomically: a reader never sees half a file)."""
+    text = encode(manifest)
     target = path(sweep_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
-    data = {"format": FORMAT, **dataclasses.asdict(manifest)}
-    atomic_write_text(target, json.dumps(data, indent=1) + "\n")
+    atomic_write_text(target, text)
     return target
+
+
+def encode(manifest: Manifest) -> str:
+    """The manifest as JSON text, or a one-line ConfigError naming a value JSON cannot hold
+    (checked before a sweep is submitted, so no array goes out unrecorded)."""
+    data = {"format": FORMAT, **dataclasses.asdict(manifest)}
+    try:
+        return json.dumps(data, indent=1, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            f"the sweep cannot be recorded in {FILE}: {err}. HINT: use plain numbers, strings, "
+            "booleans and lists as grid values and settings."
+        ) from None
 
 
 def read(sweep_dir: str | pathlib.Path) -> Manifest:

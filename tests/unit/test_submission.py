@@ -248,6 +248,8 @@ def test_run_dir_names_keep_only_safe_characters():
         ({"optim.lr": "0.1"}, "must be a non-empty list"),
         ({"slurm.nodes": [1, 2]}, "cannot vary within one job array"),
         ({"run.dir": ["a", "b"]}, "cannot vary within one job array"),
+        ({"optim.lr": [object()]}, "must be plain numbers"),
+        ({"optim.lr": [float("nan")]}, "must be plain numbers"),
     ],
 )
 def test_bad_grids_are_refused(bad, message):

@@ -186,3 +186,11 @@ def test_a_retry_takes_only_the_sweep_directory(extra, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "--retry-failed takes only the sweep directory" in err and extra[0] in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_manifest_json_cannot_hold_is_refused_before_anything_is_written(tmp_path):
+    manifest = _manifest(tmp_path)
+    odd = sweep_manifest.Manifest(manifest.grid, manifest.points, config={"model": {1j: 2}})
+    with pytest.raises(ConfigError, match="cannot be recorded in sweep.json") as err:
+        sweep_manifest.write(tmp_path, odd)
+    assert "\n" not in str(err.value) and not (tmp_path / "sweep.json").exists()
