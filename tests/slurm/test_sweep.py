@@ -5,7 +5,7 @@ node death: SIGKILL, with ``slurm.max_failures=0``, so nothing retries it); ``hp
 SWEEP_DIR`` then shows 2 completed with eval metrics and 2 failed with srun's reason;
 ``--retry-failed`` resubmits only those 2 as a new array over the same run directories, they
 resume from their checkpoints and complete, and the table shows 4 completed; ``--json`` agrees.
-One sweep (and one retry) serves every assertion below.
+One sweep (and one retry) serves every check below.
 """
 
 import json
@@ -49,16 +49,26 @@ def _table(sweep_dir: pathlib.Path, env: dict) -> list[dict]:
     """The status table's rows as {column: cell} (columns split on two or more spaces)."""
     shown = run_cli("status", str(sweep_dir), env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
+    print(shown.stdout)  # the README's table comes from here
     lines = shown.stdout.splitlines()
     header = re.split(r"\s{2,}", lines[0])
     rows = [re.split(r"\s{2,}", line.strip()) for line in lines[1 : lines.index("")]]
     return [dict(zip(header, row, strict=False)) for row in rows]
 
 
-@pytest.fixture(scope="module")
-def sweep(slurm_cluster, tmp_path_factory):
+def test_two_points_fail_once_and_the_retry_completes_them(slurm_cluster, tmp_path):
+    """One sweep and one retry, checked below part by part (one test: xdist would otherwise
+    split the parts across workers, each running its own sweep)."""
+    sweep = _run_the_sweep(slurm_cluster, tmp_path)
+    check_the_sweep_prints_its_directory_and_job_id(sweep)
+    check_two_completed_with_eval_metrics_and_two_failed_with_their_reason(sweep)
+    check_retry_completes_only_the_failed_points_which_resume(sweep)
+    check_json_agrees_with_the_table(sweep)
+    check_plot_overlays_the_points(sweep)
+
+
+def _run_the_sweep(slurm_cluster, tmp) -> dict:
     """The sweep, its tables and JSON before and after the retry, and what each command said."""
-    tmp = tmp_path_factory.mktemp("sweep")
     env = {**slurm_cluster.cli_env, "HPCDDP_JOBS_DIR": str(tmp / "jobs")}
     base, deaths = tmp / "sweep", tmp / "deaths"
     deaths.mkdir()
@@ -70,21 +80,20 @@ def sweep(slurm_cluster, tmp_path_factory):
     assert first.returncode == 0, first.stderr
     before_json = _wait_ended(base, env)
     before = _table(base, env)
-    print(run_cli("status", str(base), env=env, timeout=60).stdout)
     retry = run_cli("sweep", "--retry-failed", str(base), env=env, timeout=120)
     assert retry.returncode == 0, retry.stderr
     after_json = _wait_ended(base, env)
     again = run_cli("sweep", "--retry-failed", str(base), env=env, timeout=120)
+    after = _table(base, env)
     print(f"sweep, retry and status: {time.monotonic() - started:.1f} s")
-    print(run_cli("status", str(base), env=env, timeout=60).stdout)
     return {
         "base": base, "first": first, "retry": retry, "again": again, "before": before,
-        "before_json": before_json, "after": _table(base, env), "after_json": after_json,
+        "before_json": before_json, "after": after, "after_json": after_json,
         "env": env, "cluster": slurm_cluster,
     }  # fmt: skip
 
 
-def test_the_sweep_prints_its_directory_and_job_id(sweep):
+def check_the_sweep_prints_its_directory_and_job_id(sweep):
     sweep_dir, job = sweep["first"].stdout.split()
     assert pathlib.Path(sweep_dir) == sweep["base"] and job.isdigit()
     manifest = json.loads((sweep["base"] / "sweep.json").read_text())
@@ -92,7 +101,7 @@ def test_the_sweep_prints_its_directory_and_job_id(sweep):
     assert [t["job"] for t in manifest["arrays"][0]["tasks"]] == [f"{job}_{i}" for i in range(4)]
 
 
-def test_two_completed_with_eval_metrics_and_two_failed_with_their_reason(sweep):
+def check_two_completed_with_eval_metrics_and_two_failed_with_their_reason(sweep):
     rows = sweep["before"]
     assert [r["state"] for r in rows] == ["completed", "failed", "completed", "failed"]
     assert [(r["optim.lr"], r["model.kwargs.die_at_call"]) for r in rows] == [
@@ -112,7 +121,7 @@ def test_two_completed_with_eval_metrics_and_two_failed_with_their_reason(sweep)
     assert [by_json[i]["state"] for i in range(4)] == [r["state"] for r in rows]
 
 
-def test_retry_completes_only_the_failed_points_which_resume(sweep):
+def check_retry_completes_only_the_failed_points_which_resume(sweep):
     base = sweep["base"]
     sweep_dir, job = sweep["retry"].stdout.split()
     manifest = json.loads((base / "sweep.json").read_text())
@@ -132,7 +141,7 @@ def test_retry_completes_only_the_failed_points_which_resume(sweep):
     assert "nothing to retry" in sweep["again"].stdout and sweep["again"].returncode == 0
 
 
-def test_json_agrees_with_the_table(sweep):
+def check_json_agrees_with_the_table(sweep):
     rows, table = sweep["after_json"], sweep["after"]
     assert [r["index"] for r in rows] == [0, 1, 2, 3]
     assert [r["grid"] for r in rows] == [
@@ -148,7 +157,7 @@ def test_json_agrees_with_the_table(sweep):
         )  # fmt: skip
 
 
-def test_plot_overlays_the_points(sweep):
+def check_plot_overlays_the_points(sweep):
     drawn = run_cli("plot", str(sweep["base"]), env=sweep["env"], timeout=120, cwd=REPO)
     assert drawn.returncode == 0, drawn.stderr
     assert pathlib.Path(drawn.stdout.strip()).read_bytes().startswith(b"\x89PNG")
