@@ -191,3 +191,28 @@ def test_retry_resubmits_only_failed_points_into_their_run_dirs(sweep_dir, monke
     (sweep_dir / "7_2.err").unlink()
     _summary(sweep_dir / "2-p", SUBMITTED_AT + 30)
     assert submission.retry_failed(sweep_dir, run=squeue(done)) == []
+
+
+def test_a_local_sweep_asks_no_scheduler_and_reads_the_raised_error(tmp_path):
+    import pickle
+
+    points = [sweep_manifest.Point(i, {"optim.lr": lr}, str(tmp_path / f"{i}")) for i, lr in
+              enumerate((0.1, 0.2))]  # fmt: skip
+    tasks = [
+        sweep_manifest.Task(i, f"local-{pid}", "/no/out", "/no/err")
+        for i, pid in enumerate((999_999_998, 999_999_999))
+    ]  # fmt: skip: no such pids
+    array = sweep_manifest.Array("999999998", "local", SUBMITTED_AT, tuple(tasks))
+    sweep_manifest.write(tmp_path, sweep_manifest.Manifest({}, tuple(points), (array,)))
+    for point in points:
+        os.makedirs(point.run_dir)
+    _summary(tmp_path / "0", SUBMITTED_AT + 5)
+    (tmp_path / "submitit").mkdir()
+    raised = ("error", "Traceback (most recent call last):\n  ...\nValueError: bad batch\n")
+    (tmp_path / "submitit" / "999999999_0_result.pkl").write_bytes(pickle.dumps(raised))
+    run = squeue([])
+    rows = sweep_status.sweep_rows(tmp_path, run)
+    assert run.calls == []
+    assert [(r.state, r.reason) for r in rows] == [
+        ("completed", ""), ("failed", "ValueError: bad batch"),
+    ]  # fmt: skip
