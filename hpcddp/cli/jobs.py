@@ -11,10 +11,12 @@ import sys
 from typing import Any
 
 from hpcddp import exit_codes
+from hpcddp.cli import sweep
 from hpcddp.cli.args import add_slurm_options, split_config_and_overrides
 from hpcddp.errors import ConfigError
 from hpcddp.slurm.options import OPTIONS
 from hpcddp.slurm.status import job_status, log_paths
+from hpcddp.storage import sweep_manifest
 from hpcddp.storage.runinfo import run_lines
 
 
@@ -77,6 +79,13 @@ def _is_local(job: object) -> bool:
 def cmd_status(args: argparse.Namespace) -> int:
     """A job's state, nodes, pending reason and run directory; a run directory's latest figures."""
     target = pathlib.Path(args.job_id)
+    if sweep_manifest.is_sweep_dir(target):
+        return sweep.print_status(target, args.json)
+    if args.json:
+        raise ConfigError(
+            f"--json is for a sweep directory; {args.job_id} is not one. "
+            f"HINT: hpcddp status {args.job_id} (without --json)."
+        )
     if target.is_dir():
         print("\n".join(run_lines(target)), flush=True)
         return exit_codes.OK
@@ -129,9 +138,13 @@ def add_parsers(subparsers: "argparse._SubParsersAction[Any]") -> None:
     submit.set_defaults(func=cmd_submit)
 
     status = subparsers.add_parser(
-        "status", help="state and latest figures of a submitted job, or of a run directory"
+        "status",
+        help="state and figures of a submitted job or a run directory; a sweep's table",
     )
-    status.add_argument("job_id", metavar="JOBID|RUN_DIR")
+    status.add_argument("job_id", metavar="JOBID|RUN_DIR|SWEEP_DIR")
+    status.add_argument(
+        "--json", action="store_true", help="a sweep's rows as a JSON list (SWEEP_DIR only)"
+    )
     status.set_defaults(func=cmd_status)
 
     logs = subparsers.add_parser("logs", help="print a submitted job's output, or one rank's log")

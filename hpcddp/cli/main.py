@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from hpcddp import exit_codes
-from hpcddp.cli import check, jobs, plot, sbatch, train
+from hpcddp.cli import check, jobs, plot, sbatch, sweep, train
 from hpcddp.errors import (
     ConfigError,
     HostlistError,
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parsers(sub)  # train, env
     sbatch.add_parser(sub)
     jobs.add_parsers(sub)  # submit, status, logs
+    sweep.add_parser(sub)
     plot.add_parser(sub)
     check.add_parser(sub)
     return parser

@@ -146,7 +146,7 @@ def split_override(text: str) -> tuple[list[str], str]:
     return path, raw
 
 
-def _parse_override(text: str) -> tuple[list[str], Any]:
+def parse_override(text: str) -> tuple[list[str], Any]:
     """Split ``a.b=value`` and read the value as YAML (so 3, 1e-3, true, [1, 2] keep their type);
     a string field keeps the text (``run.name=123``)."""
     path, raw = split_override(text)
@@ -162,7 +162,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Merge ``key=value`` overrides into raw config data (types are checked when built)."""
     for text in overrides:
-        path, value = _parse_override(text)
+        path, value = parse_override(text)
         node = data
         for part in path[:-1]:
             node = node.setdefault(part, {})
@@ -174,7 +174,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 def with_overrides(config: Config, overrides: Sequence[str]) -> Config:
     """``config`` with ``key=value`` overrides applied, checked again."""
-    return with_values(config, [_parse_override(text) for text in overrides])
+    return with_values(config, [parse_override(text) for text in overrides])
 
 
 def with_values(config: Config, values: Sequence[tuple[list[str], Any]]) -> Config:

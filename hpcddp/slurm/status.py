@@ -24,7 +24,7 @@ from hpcddp.storage import attempts
 
 def file_outcome(record: JobRecord) -> str | None:
     """What the run's own files say: COMPLETED, STOPPED, FAILED, or None (nothing yet)."""
-    result = _read_result(record.result_pickle())
+    result = read_result(record.result_pickle())
     if result is not None and result[0] == "error":
         return "FAILED"
     if result is not None and isinstance(result[1], RunOutcome) and not result[1].finished:
@@ -46,7 +46,7 @@ def _summary_outcome(path: pathlib.Path) -> str:
     return "COMPLETED"
 
 
-def _read_result(path: pathlib.Path) -> tuple[str, Any] | None:
+def read_result(path: pathlib.Path) -> tuple[str, Any] | None:
     """submitit's result pickle: ("success", value) or ("error", traceback text)."""
     try:
         with path.open("rb") as handle:
@@ -71,7 +71,7 @@ def final_state(slurm_state: str | None, outcome: str | None) -> str:
     return "UNKNOWN (the scheduler has forgotten the job and its run left no summary.json)"
 
 
-def _local_alive(pid: str) -> bool:
+def local_alive(pid: str) -> bool:
     """Is the submitit local controller with this pid still running?"""
     try:
         return b"submitit" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -142,7 +142,7 @@ def _record_status(record: JobRecord, run: Runner | None) -> JobStatus:
         except SlurmUnreachable as err:  # say so, and still tell what the run's files say
             silence = str(err).split(" HINT:")[0]
     if record.cluster == "local":
-        state = "RUNNING" if _local_alive(record.job_id) else None
+        state = "RUNNING" if local_alive(record.job_id) else None
     else:
         state = slurm.get("JobState") if slurm else LEFT_QUEUE
     outcome = file_outcome(record)

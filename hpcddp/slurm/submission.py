@@ -12,12 +12,9 @@ read the job's state from ``squeue``; see `hpcddp.slurm.queue`.
 """
 
 import dataclasses
-import itertools
-import json
 import logging
 import os
 import pathlib
-import re
 import shlex
 import shutil
 import subprocess
@@ -30,7 +27,14 @@ import submitit
 from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
-from hpcddp.config import Config, SlurmConfig, key_path, load_config, with_overrides, with_values
+from hpcddp.config import (
+    Config,
+    SlurmConfig,
+    from_dict,
+    load_config,
+    with_overrides,
+    with_values,
+)
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, LaunchError
 from hpcddp.outcome import RunOutcome
@@ -39,8 +43,11 @@ from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
 from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.cpus_per_task import with_cpus
+from hpcddp.slurm.grid import point_config, sweep_points
 from hpcddp.slurm.options import SRUN_ARGS, SRUN_ENV, request
+from hpcddp.slurm.sweep_status import sweep_rows
 from hpcddp.slurm.tasks import CheckTask, TrainTask
+from hpcddp.storage import sweep_manifest
 
 log = logging.getLogger(__name__)
 
@@ -298,9 +305,11 @@ def sweep(
 ) -> list[SlurmRun | LocalRun]:
     """Submit one job array over the cartesian product of ``grid``; one job per point.
 
-    Each point runs in ``<run.dir>/<index>-<key=value,...>``. Every point's config is built and
-    checked here, so a bad value fails now, not in the job. ``max_parallel`` caps how many
-    array tasks run at once (Slurm only; the local executor starts them all).
+    Each point runs in ``<run.dir>/<index>-<key=value,...>``; ``<run.dir>/sweep.json`` records
+    the points and the array (`hpcddp.storage.sweep_manifest`), for ``hpcddp status|plot
+    SWEEP_DIR`` and `retry_failed`. Every point's config is built and checked here, so a bad
+    value fails now, not in the job. ``max_parallel`` caps how many array tasks run at once
+    (Slurm only; the local executor starts them all).
     """
     base = resolve_config(config, overrides, slurm_options)
     if max_parallel is not None and (not isinstance(max_parallel, int) or max_parallel < 1):
@@ -308,75 +317,83 @@ def sweep(
             f"max_parallel must be a positive integer, got {max_parallel!r}. "
             "HINT: leave it out to run every point at once."
         )
-    configs = [point_config(base, index, point) for index, point in enumerate(sweep_points(grid))]
+    sweep_dir = pathlib.Path(base.run.dir).absolute()
+    if sweep_manifest.is_sweep_dir(sweep_dir):
+        raise ConfigError(
+            f"{sweep_dir} already holds a sweep ({sweep_manifest.FILE}). HINT: give this sweep "
+            f"its own run.dir, or resubmit its failed points with "
+            f"`hpcddp sweep --retry-failed {sweep_dir}`."
+        )
+    base = with_values(base, [(["run", "dir"], str(sweep_dir))])
+    points = sweep_points(grid)
+    configs = [point_config(base, index, point) for index, point in enumerate(points)]
+    manifest = sweep_manifest.Manifest(
+        grid={key: list(values) for key, values in grid.items()},
+        points=tuple(
+            sweep_manifest.Point(index, dict(point), point_dir.run.dir)
+            for index, (point, point_dir) in enumerate(zip(points, configs, strict=True))
+        ),
+        max_parallel=max_parallel,
+        config=base.to_dict(),
+    )
+    sweep_manifest.encode(manifest)  # refuses now what sweep.json could not hold after submitting
+    return submit_points(manifest, range(len(points)), cluster)
+
+
+def submit_points(
+    manifest: sweep_manifest.Manifest, indices: Sequence[int], cluster: str | None = None
+) -> list[SlurmRun | LocalRun]:
+    """Submit the manifest's points ``indices`` as one new job array, and record it there."""
+    base = from_dict(manifest.config)
+    configs = [_point_again(base, manifest.points[index]) for index in indices]
     cluster = choose_cluster(cluster)
-    limit = {"slurm_array_parallelism": max_parallel} if max_parallel else {}
+    limit = {"slurm_array_parallelism": manifest.max_parallel} if manifest.max_parallel else {}
     executor = _executor(base, cluster, **limit)
     submitted_at = time.time()
     with executor.batch():
         delayed = [executor.submit(TrainTask(point)) for point in configs]
     submitted = [_adopt(job, executor.folder, cluster) for job in delayed]
-    for job, point in zip(submitted, configs, strict=True):
-        job_index.write_record(_record(job, point, cluster, submitted_at))
+    records = [
+        _record(job, point, cluster, submitted_at)
+        for job, point in zip(submitted, configs, strict=True)
+    ]
+    for record in records:
+        job_index.write_record(record)
+    tasks = tuple(
+        sweep_manifest.Task(index, record.name, record.stdout, record.stderr)
+        for index, record in zip(indices, records, strict=True)
+    )
+    array_id = str(submitted[0].job_id).split("_")[0]
+    array = sweep_manifest.Array(array_id, cluster, submitted_at, tasks)
+    sweep_manifest.write(base.run.dir, manifest.with_array(array))
     log.info("submitted sweep of %d runs (%s) under %s", len(submitted), cluster, base.run.dir)
     return submitted
 
 
-# -- sweep points -----------------------------------------------------------------------------
-
-
-def sweep_points(grid: Mapping[str, Sequence[Any]]) -> list[tuple[tuple[str, Any], ...]]:
-    """The cartesian product of ``grid``, the first key varying slowest."""
-    if not isinstance(grid, Mapping) or not grid:
+def _point_again(base: Config, point: sweep_manifest.Point) -> Config:
+    """A recorded point's config, rebuilt from the base; it must land in its recorded run dir."""
+    config = point_config(base, point.index, tuple(point.grid.items()))
+    if config.run.dir != point.run_dir:
         raise ConfigError(
-            "the sweep grid must be a non-empty mapping of keys to value lists. "
-            "HINT: sweep(config, {'optim.lr': [1e-3, 3e-3]})."
+            f"sweep point {point.index} would run in {config.run.dir}, not in its recorded "
+            f"{point.run_dir}. HINT: the sweep directory was moved; retry from where it was made."
         )
-    for key, values in grid.items():
-        path = key_path(key)
-        if path is None or len(path) < 2:
-            raise ConfigError(
-                f"sweep key {key!r} is not of the form section.key. HINT: e.g. 'optim.lr'."
-            )
-        if path[0] == "slurm" or key == "run.dir":
-            raise ConfigError(
-                f"sweep key {key!r} cannot vary within one job array (every "
-                "point shares the resources and gets its own run.dir). HINT: "
-                "submit separate sweeps instead."
-            )
-        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
-            raise ConfigError(
-                f"sweep values for {key} must be a non-empty list, got "
-                f"{values!r}. HINT: {{'{key}': [a, b]}}."
-            )
-    return [tuple(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+    return config
 
 
-def point_config(base: Config, index: int, point: Sequence[tuple[str, Any]]) -> Config:
-    """The base config with one point's values and its own run directory, checked."""
-    run_dir = str(pathlib.Path(base.run.dir) / run_dir_name(index, point))
-    values = [(key.split("."), value) for key, value in point] + [(["run", "dir"], run_dir)]
-    try:
-        return with_values(base, values)
-    except ConfigError as err:
-        raise ConfigError(f"sweep point {index} ({_describe(point)}): {err}") from None
+def retry_failed(
+    sweep_dir: str | os.PathLike[str],
+    cluster: str | None = None,
+    run: slurm_queue.Runner | None = None,
+) -> list[SlurmRun | LocalRun]:
+    """Resubmit the sweep's failed, timed-out or stopped points as one new array over the same
+    run directories (each resumes from its latest checkpoint); [] when none needs it.
 
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]+")
-
-
-def run_dir_name(index: int, point: Sequence[tuple[str, Any]], max_chars: int = 120) -> str:
-    """``3-optim.lr=0.001,train.epochs=2``: the index keeps names unique, the rest is for people."""
-    return f"{index}-{_UNSAFE.sub('_', _describe(point))}"[:max_chars]
-
-
-def _describe(point: Sequence[tuple[str, Any]]) -> str:
-    return ",".join(f"{key}={_text(value)}" for key, value in point)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float, str)):
-        return str(value)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    ``cluster`` defaults to where the sweep's last array ran; ``run`` runs ``squeue``.
+    """
+    sweep_dir = pathlib.Path(sweep_dir)
+    manifest = sweep_manifest.read(sweep_dir)
+    indices = [row.index for row in sweep_rows(sweep_dir, run) if row.retryable]
+    if not indices:
+        return []
+    return submit_points(manifest, indices, cluster or manifest.arrays[-1].cluster)

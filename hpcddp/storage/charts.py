@@ -1,9 +1,10 @@
-"""``hpcddp plot RUN_DIR``: the figures people look at, from a run's metrics.jsonl, as one PNG.
+"""``hpcddp plot RUN_DIR|SWEEP_DIR``: the figures people look at, from metrics.jsonl, as one PNG.
 
 Panels: loss (train and eval), the other eval metrics (accuracy, perplexity, MSE...),
 throughput (samples/s, tokens/s), the step time and the spread of each rank's own work per
 step (fastest, median, slowest rank: a wide band is a slow node). Every attempt that resumed
-after a preemption or a requeue is a dashed vertical line. Damaged lines (a run killed
+after a preemption or a requeue is a dashed vertical line. A sweep's points share the axes
+instead, one line each, labelled by their grid values (`plot_sweep`). Damaged lines (a run killed
 mid-write, a full disk) are skipped and counted, never fatal. matplotlib is an optional extra
 (``pip install 'hpcddp[plot]'``), imported only when a plot is drawn, on the Agg backend.
 """
@@ -12,6 +13,7 @@ import dataclasses
 import json
 import logging
 import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 from hpcddp.errors import HpcddpError
@@ -174,3 +176,58 @@ def _caption(m: Metrics) -> str:
     if m.skipped:
         parts.append(f"{m.skipped} damaged line(s) skipped")
     return ", ".join(parts)
+
+
+# -- a sweep: every point's curves on the same axes ---------------------------------------------
+
+
+def plot_sweep(
+    curves: Sequence[tuple[str, pathlib.Path]], out: pathlib.Path, title: str
+) -> tuple[pathlib.Path, list[str]]:
+    """Overlay each point's train loss and eval curves, one line per point labelled ``label``.
+
+    ``curves`` are (label, run directory) pairs. Returns the PNG's path and the labels of the
+    points left out for having logged nothing yet (pending, or failed before a step).
+    """
+    loaded, missing = [], []
+    for label, run_dir in curves:
+        try:
+            loaded.append((label, read_metrics(pathlib.Path(run_dir) / "metrics.jsonl")))
+        except PlotError:
+            missing.append(label)
+    if not loaded:
+        raise PlotError(
+            f"no point of the sweep has logged a step yet ({len(missing)} points). "
+            "HINT: `hpcddp status SWEEP_DIR` says where they stand; plot once they run."
+        )
+    evals = [key for _, m in loaded for key in _eval_keys(m.evals)]
+    keys = ["loss", "eval_loss", *dict.fromkeys(evals)]
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(keys), 1, figsize=(8, 2.8 * len(keys)), sharex=True, squeeze=False)
+    try:
+        for ax, key in zip(axes[:, 0], keys, strict=True):
+            for number, (label, metrics) in enumerate(loaded):
+                records, style = (metrics.train, "-") if key == "loss" else (metrics.evals, "o-")
+                ax.plot(
+                    *_series(records, key),
+                    style,
+                    color=f"C{number % 10}",
+                    label=label,
+                    linewidth=1,
+                    markersize=3,
+                )
+            ax.set_ylabel(key if key != "loss" else "train loss")
+            ax.grid(alpha=0.3)
+        axes[0, 0].legend(fontsize="small")
+        axes[-1, 0].set_xlabel("optimizer step")
+        fig.suptitle(title + (f" ({len(missing)} point(s) with no metrics yet)" if missing else ""))
+        fig.tight_layout()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100)
+    except OSError as err:
+        raise PlotError(
+            f"could not write {out}: {err.strerror}. HINT: pass --out <a writable path>."
+        ) from None
+    finally:
+        plt.close(fig)
+    return out, missing

@@ -30,7 +30,7 @@ FIGURES = (
 )
 
 
-def _records(path: pathlib.Path) -> tuple[list[dict[str, Any]], int]:
+def jsonl_records(path: pathlib.Path) -> tuple[list[dict[str, Any]], int]:
     """The readable records of a JSON-lines file, and how many lines were not."""
     records, damaged = [], 0
     for line in filter(str.strip, path.read_text(errors="replace").splitlines()):
@@ -71,7 +71,7 @@ def run_lines(run_dir: pathlib.Path) -> list[str]:
     lock = holder(run_dir)
     rows.append(("held by", _holder(lock) if lock else "nobody (not running now)"))
     metrics = run_dir / "metrics.jsonl"
-    records, damaged = _records(metrics) if metrics.exists() else ([], 0)
+    records, damaged = jsonl_records(metrics) if metrics.exists() else ([], 0)
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if any(k.startswith("eval_") for k in r)]
     if train:

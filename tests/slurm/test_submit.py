@@ -97,7 +97,8 @@ def test_sweep_is_one_array_with_limited_parallelism(cluster, tmp_path):
     assert "#SBATCH --array=0-1%1" in script  # at most one task at a time
 
     results = [job.result().summary for job in runs]
-    dirs = sorted(p.name for p in base.iterdir() if p.name != "submitit")
+    dirs = sorted(p.name for p in base.iterdir() if p.is_dir() and p.name != "submitit")
+    assert (base / "sweep.json").is_file()  # the sweep directory knows itself
     assert dirs == ["0-optim.lr=0.001", "1-optim.lr=0.003"]
     for name, result in zip(dirs, results, strict=True):
         assert summary(base / name) == result and result["world_size"] == 2

@@ -171,7 +171,7 @@ def test_one_rule_for_keys(key):
 
 @pytest.mark.parametrize("key", ["", "optim.", ".lr", "optim..lr", "1x", "optim.l r", "a-b", "é"])
 def test_keys_that_name_no_setting_are_refused_everywhere(key):
-    from hpcddp.slurm import jobscript, submission
+    from hpcddp.slurm import grid, jobscript
 
     assert key_path(key) is None
     with pytest.raises(ConfigError, match="is not of the form section.key=value"):
@@ -179,7 +179,7 @@ def test_keys_that_name_no_setting_are_refused_everywhere(key):
     with pytest.raises(ConfigError, match="is not of the form section.key"):
         jobscript.render(Config(), None, [f"{key}=1"])
     with pytest.raises(ConfigError, match="is not of the form section.key"):
-        submission.sweep_points({key: [1]})
+        grid.sweep_points({key: [1]})
 
 
 def test_overrides_on_a_config_equal_overrides_on_its_yaml_and_leave_it_alone():

@@ -14,6 +14,7 @@ import tomllib
 
 import pytest
 
+from hpcddp.storage import sweep_manifest
 from tests.fixtures.helpers import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -130,9 +131,18 @@ echo "JobId=123 JobName=hpcddp JobState=RUNNING NodeList=n1 StdOut=$0.out StdErr
         (["sbatch", "examples/quickstart.yaml", "--dry-run"], set()),
         (["train", "--help-config"], set()),
         (["plot", "--help"], set()),
+        (["sweep", "--help"], set()),
+        (["status", "SWEEP_DIR"], set()),
     ],
 )
 def test_login_commands_start_without_torch(argv, allowed, tmp_path):
+    if "SWEEP_DIR" in argv:  # a sweep of one point, submitted as job 123
+        task = sweep_manifest.Task(0, "123_0", f"{tmp_path}/o", f"{tmp_path}/e")
+        array = sweep_manifest.Array("123", "slurm", 0.0, (task,))
+        point = sweep_manifest.Point(0, {"optim.lr": 0.1}, str(tmp_path))
+        manifest = sweep_manifest.Manifest({"optim.lr": [0.1]}, (point,), (array,))
+        argv = [str(sweep_manifest.write(tmp_path, manifest).parent) if a == "SWEEP_DIR" else a
+                for a in argv]  # fmt: skip
     scontrol = tmp_path / "scontrol"
     scontrol.write_text(FAKE_SCONTROL)
     scontrol.chmod(0o755)

@@ -149,3 +149,67 @@ def test_subcommand_default_out(tmp_path, capsys):
     args = parser.parse_args(["plot", str(tmp_path)])
     assert args.func(args) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "metrics.png")
+
+
+# -- a sweep ----------------------------------------------------------------------------------
+
+
+def _sweep(tmp_path, logged=(0, 1)):
+    from hpcddp.storage import sweep_manifest
+
+    points = []
+    for index, lr in enumerate((0.001, 0.003, 0.01)):
+        run_dir = tmp_path / f"{index}-optim.lr={lr}"
+        run_dir.mkdir()
+        if index in logged:
+            _write_metrics(run_dir, steps=100 * (index + 1))
+        points.append(sweep_manifest.Point(index, {"optim.lr": lr}, str(run_dir)))
+    grid = {"optim.lr": [0.001, 0.003, 0.01]}
+    sweep_manifest.write(tmp_path, sweep_manifest.Manifest(grid, tuple(points)))
+
+
+def test_a_sweep_overlays_its_points_labelled_by_grid_values(tmp_path, capsys):
+    _sweep(tmp_path)
+    assert plot_cli.cmd_plot(argparse.Namespace(run_dir=str(tmp_path), out=None)) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(tmp_path / "sweep.png")
+    assert captured.err.strip() == "hpcddp: no metrics yet for lr=0.01"
+    data = (tmp_path / "sweep.png").read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 20_000
+
+
+def test_the_sweep_plot_draws_one_labelled_line_per_point_and_panel(tmp_path, monkeypatch):
+    drawn = {}
+    real = charts._pyplot
+
+    def spying():
+        plt = real()
+        original = plt.subplots
+
+        def subplots(*args, **kwargs):
+            fig, axes = original(*args, **kwargs)
+            drawn["axes"] = axes[:, 0]
+            return fig, axes
+
+        monkeypatch.setattr(plt, "subplots", subplots)
+        return plt
+
+    monkeypatch.setattr(charts, "_pyplot", spying)
+    curves = [("lr=0.001", tmp_path / "a"), ("lr=0.003", tmp_path / "b")]
+    for _, run_dir in curves:
+        run_dir.mkdir()
+        _write_metrics(run_dir)
+    charts.plot_sweep(curves, tmp_path / "out.png", "sweep")
+    panels = [(ax.get_ylabel(), [line.get_label() for line in ax.lines]) for ax in drawn["axes"]]
+    assert panels == [
+        ("train loss", ["lr=0.001", "lr=0.003"]),
+        ("eval_loss", ["lr=0.001", "lr=0.003"]),
+        ("eval_accuracy", ["lr=0.001", "lr=0.003"]),
+    ]
+
+
+def test_a_sweep_with_nothing_logged_is_one_line(tmp_path):
+    _sweep(tmp_path, logged=())
+    with pytest.raises(HpcddpError) as err:
+        plot_cli.cmd_plot(argparse.Namespace(run_dir=str(tmp_path), out=None))
+    assert "no point of the sweep has logged a step yet (3 points)" in _one_line(err)

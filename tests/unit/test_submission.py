@@ -15,10 +15,10 @@ import pytest
 from hpcddp.cli import jobs
 from hpcddp.config import Config, SlurmConfig, load_config
 from hpcddp.errors import ConfigError, LaunchError
+from hpcddp.slurm import grid, submission
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
 from hpcddp.slurm import status as job_status
-from hpcddp.slurm import submission
 from tests.fixtures.helpers import QUICK, REPO, run_cli
 
 
@@ -210,7 +210,7 @@ def test_cluster_choice():
 
 
 def test_sweep_points_are_the_cartesian_product_first_key_slowest():
-    points = submission.sweep_points({"optim.lr": [0.1, 0.01], "train.epochs": [1, 2, 3]})
+    points = grid.sweep_points({"optim.lr": [0.1, 0.01], "train.epochs": [1, 2, 3]})
     assert points == [
         (("optim.lr", 0.1), ("train.epochs", 1)),
         (("optim.lr", 0.1), ("train.epochs", 2)),
@@ -224,7 +224,7 @@ def test_sweep_points_are_the_cartesian_product_first_key_slowest():
 def test_each_point_gets_its_own_checked_config_and_safe_run_dir():
     base = load_config("examples/quickstart.yaml", ["run.dir=runs/sw"])
     point = (("optim.lr", 1), ("optim.name", "sgd"), ("data.kwargs.train_size", 64))
-    config = submission.point_config(base, 7, point)
+    config = grid.point_config(base, 7, point)
     assert config.optim.lr == 1.0 and isinstance(config.optim.lr, float)  # coerced by the config
     assert config.optim.name == "sgd" and config.data.kwargs["train_size"] == 64
     assert config.data.kwargs["in_features"] == 16  # the rest of kwargs is kept
@@ -233,14 +233,14 @@ def test_each_point_gets_its_own_checked_config_and_safe_run_dir():
 
 
 def test_run_dir_names_keep_only_safe_characters():
-    name = submission.run_dir_name(3, (("model.kwargs", {"a": "x y/z"}), ("run.name", "é!")))
+    name = grid.run_dir_name(3, (("model.kwargs", {"a": "x y/z"}), ("run.name", "é!")))
     assert name == "3-model.kwargs=_a_x_y_z_,run.name=_"
-    assert submission.run_dir_name(0, (("data.shuffle", False),)) == "0-data.shuffle=false"
-    assert len(submission.run_dir_name(12, (("optim.lr", "9" * 500),))) == 120
+    assert grid.run_dir_name(0, (("data.shuffle", False),)) == "0-data.shuffle=false"
+    assert len(grid.run_dir_name(12, (("optim.lr", "9" * 500),))) == 120
 
 
 @pytest.mark.parametrize(
-    "grid, message",
+    "bad, message",
     [
         ({}, "non-empty mapping"),
         ({"lr": [1]}, "not of the form section.key"),
@@ -248,11 +248,13 @@ def test_run_dir_names_keep_only_safe_characters():
         ({"optim.lr": "0.1"}, "must be a non-empty list"),
         ({"slurm.nodes": [1, 2]}, "cannot vary within one job array"),
         ({"run.dir": ["a", "b"]}, "cannot vary within one job array"),
+        ({"optim.lr": [object()]}, "must be plain numbers"),
+        ({"optim.lr": [float("nan")]}, "must be plain numbers"),
     ],
 )
-def test_bad_grids_are_refused(grid, message):
+def test_bad_grids_are_refused(bad, message):
     with pytest.raises(ConfigError, match=message):
-        submission.sweep_points(grid)
+        grid.sweep_points(bad)
 
 
 def test_bad_sweep_values_fail_at_submission_not_in_the_job():
