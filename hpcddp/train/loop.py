@@ -21,7 +21,9 @@ import torch
 
 from hpcddp.comm import collectives, failures, hang, watchdog
 from hpcddp.config import Config
+from hpcddp.errors import NonFiniteError
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.notify.notices import Notifier, shell_tells_failures
 from hpcddp.outcome import RunOutcome, StopReason
 from hpcddp.storage import attempts
 from hpcddp.storage.rundir import Attempt
@@ -62,6 +64,7 @@ class TrainingRun:
         self.progress = Progress()
         self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
         self.train_ended = 0.0
+        self.notifier = Notifier(cfg, env.environ, speaks=env.is_main)  # rank 0 posts
 
     def execute(self) -> RunOutcome:
         """Resume, train to the end (or a clean stop), then summarize."""
@@ -78,19 +81,47 @@ class TrainingRun:
                 "open metrics.jsonl",
             )
             self.stopping.read_deadline()
+            self.notifier.tell("started", self.progress.step, self._where())
             with self._watched():
                 reason = self._train()
-            return self._end(reason)
+            return self._told(self._end(reason))
         except Exception as err:
             with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
                 faulthandler.dump_traceback(log_file)  # every thread's stack, for post-mortems
             explained = failures.explain(err, self.env, self.cfg.dist.timeout_s)
             explained = usercode.blame(explained, self.env, "your code in training")
+            self._tell_failure(explained)
             if explained is err:
                 raise
             raise explained from err
         finally:
             self.report.close()
+            self.notifier.close()  # a short grace for posts not yet sent, none for answers
+
+    def _where(self) -> str:
+        """Where this attempt runs and what it starts from, for the "started" notice."""
+        env, step = self.env, self.progress.step
+        start = f"resumed from step {step}" if step else "from the start"
+        return f"{env.world_size} ranks on {env.num_nodes} node(s), {start}"
+
+    def _told(self, outcome: RunOutcome) -> RunOutcome:
+        """A finished run is "completed", a preempted one "preempted" (its requeue said)."""
+        if outcome.finished:
+            loss = outcome.summary.get("final_loss")
+            self.notifier.tell("completed", outcome.step, f"final loss {loss:.4g}" if loss else "")
+        elif outcome.stop == StopReason.PREEMPTED:
+            then = "requeued" if outcome.requeued else "not requeued from inside the job"
+            self.notifier.tell("preempted", outcome.step, f"checkpoint saved, {then}")
+        return outcome
+
+    def _tell_failure(self, err: BaseException) -> None:
+        """A non-finite stop is "nan"; another error "failed", unless hpcddp's job script runs
+        this job: its batch shell tells the failure once it knows what follows (a requeue?)."""
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if isinstance(err, NonFiniteError):
+            self.notifier.tell("nan", self.progress.step, first_line)
+        elif not shell_tells_failures(self.env.environ):
+            self.notifier.tell("failed", self.progress.step, first_line)
 
     @contextlib.contextmanager
     def _watched(self) -> Iterator[None]:
