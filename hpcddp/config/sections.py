@@ -447,7 +447,10 @@ class TrackingConfig:
             _one_of("tracking", "backends", name, TRACKING_BACKENDS)
 
 
-NOTIFY_EVENTS = ("started", "preempted", "requeued", "restarted", "failed", "nan", "hang", "completed")
+NOTIFY_EVENTS = (
+    *("started", "preempted", "requeued", "restarted"),
+    *("failed", "nan", "hang", "completed"),
+)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -504,7 +507,7 @@ class Config:
     slurm: SlurmConfig = setting_from(SlurmConfig, "what hpcddp asks Slurm for")
     task: TaskConfig = setting_from(TaskConfig, "the loss, the eval metrics and step hooks")
     tracking: TrackingConfig = setting_from(TrackingConfig, "TensorBoard, W&B and MLflow")
-    notify: NotifyConfig = setting_from(NotifyConfig, "a webhook told of starts, stops and failures")
+    notify: NotifyConfig = setting_from(NotifyConfig, "a webhook told of starts, stops, failures")
 
     def __post_init__(self) -> None:
         _one_stop_margin(self.train.stop_before_end_s, self.slurm.signal_delay_s)
