@@ -321,6 +321,7 @@ def _after(args: argparse.Namespace, environ: Mapping[str, str]) -> Decision:
         excluded=list(decision.avoid or decision.exclude),
         then=THEN[decision.action],
         times={"detected": verdict["detected"]} if verdict else None,
+        size={"allocated_nodes": len(now.allocation)} if now.allocation else None,
     )
     _tell(config, environ, decision, failure if verdict else None)
     return decision
