@@ -53,7 +53,8 @@ def job_runs(job_ids: Iterable[str], run: Runner | None = None) -> tuple[list[Jo
         return [], f"sacct did not answer ({err})"
     said = (done.stderr or done.stdout).strip().splitlines()
     if done.returncode != 0:
-        return [], f"sacct: {said[0] if said else f'exit status {done.returncode}'}"
+        first = said[0].removeprefix("sacct: ") if said else f"exit status {done.returncode}"
+        return [], f"sacct: {first}"
     runs = parse(done.stdout)
     return runs, "" if runs else "sacct knows none of the run's jobs"
 

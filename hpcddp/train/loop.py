@@ -84,7 +84,7 @@ class TrainingRun:
             self.notifier.tell("started", self.progress.step, self._where())
             with self._watched():
                 reason = self._train()
-            return self._told(self._end(reason))
+            return self._end(reason)
         except Exception as err:
             with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
                 faulthandler.dump_traceback(log_file)  # every thread's stack, for post-mortems
@@ -103,16 +103,6 @@ class TrainingRun:
         env, step = self.env, self.progress.step
         start = f"resumed from step {step}" if step else "from the start"
         return f"{env.world_size} ranks on {env.num_nodes} node(s), {start}"
-
-    def _told(self, outcome: RunOutcome) -> RunOutcome:
-        """A finished run is "completed", a preempted one "preempted" (its requeue said)."""
-        if outcome.finished:
-            loss = outcome.summary.get("final_loss")
-            self.notifier.tell("completed", outcome.step, f"final loss {loss:.4g}" if loss else "")
-        elif outcome.stop == StopReason.PREEMPTED:
-            then = "requeued" if outcome.requeued else "not requeued from inside the job"
-            self.notifier.tell("preempted", outcome.step, f"checkpoint saved, {then}")
-        return outcome
 
     def _tell_failure(self, err: BaseException) -> None:
         """A non-finite stop is "nan"; another error "failed", unless hpcddp's job script runs
@@ -249,16 +239,21 @@ class TrainingRun:
             ending.refuse_nonfinite(
                 parts, self.env, self.progress, self.cfg.train.nonfinite, self.run_dir
             )
+        if reason == StopReason.PREEMPTED:  # before the requeue, which ends the job's processes
+            self.notifier.tell("preempted", self.progress.step, "checkpoint saved, requeueing")
         if reason:
             return self.stopping.conclude(reason, self.progress.step)
         evaluated = self.report.last_eval
         if evaluated is None and parts.eval_loader is not None:
             # a re-run of a finished run: same weights, same metrics
             evaluated = self.report.evaluate(self.progress, record=False)
-        return ending.finish(
+        outcome = ending.finish(
             parts, self.env, self.progress, self.stopping, self.timeline, self.train_ended,
             evaluated,
         )  # fmt: skip
+        loss = outcome.summary.get("final_loss")
+        self.notifier.tell("completed", outcome.step, f"final loss {loss:.4g}" if loss else "")
+        return outcome
 
 
 def _due(every: int, step: int, epoch_done: bool, last: bool) -> bool:

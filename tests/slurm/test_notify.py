@@ -1,0 +1,84 @@
+"""Notices and the cost report on the real cluster: a run preempted once tells a webhook
+started, preempted, started, completed, in that order; ``hpcddp report`` on that same run adds
+up its two attempts.
+
+The receiver listens on the login machine's address on the nodes' bridge
+(``slurm_cluster.login_addr``, the ``NET_PREFIX.1`` that ``local-slurm.sh env`` prints as
+HPCDDP_SLURM_LOGIN_ADDR): each node is a network namespace of its own, where 127.0.0.1 is the
+node itself, not this machine, as on a real cluster.
+"""
+
+import json
+
+import pytest
+
+from tests.fixtures.helpers import QUICK, run_cli, wait_for_step, wait_until
+from tests.fixtures.webhook import Receiver
+
+pytestmark = pytest.mark.slow
+LONGER = [*QUICK, "train.epochs=4", "train.log_every_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def preempted_once(slurm_cluster, tmp_path_factory):
+    """One 2-node job, preempted (USR2) once at step 5, requeued, finished; what the
+    receiver got, the run directory and the job's output."""
+    tmp_path = tmp_path_factory.mktemp("notify")
+    run_dir = tmp_path / "run"
+    with Receiver(slurm_cluster.login_addr) as receiver:
+        job_id = slurm_cluster.run(
+            "sbatch", "--parsable", f"--output={tmp_path}/%x-%j.out", "--job-name=notify",
+            "--nodes=2", "--ntasks-per-node=1", "sbatch/train.sh", "examples/quickstart.yaml",
+            f"run.dir={run_dir}", *LONGER, f"notify.url={receiver.url}",
+        ).stdout.strip()  # fmt: skip
+        try:
+            wait_for_step(run_dir, 5, timeout=180)
+            slurm_cluster.run("scancel", "--signal=USR2", "--batch", job_id)
+            wait_until(
+                lambda: "Restarts=1" in slurm_cluster.run("scontrol", "-o", "show", "job",
+                                                          job_id).stdout,
+                "the requeue", timeout=180,
+            )  # fmt: skip
+            slurm_cluster.wait_for(job_id, {"PENDING"}, timeout=60)
+            slurm_cluster.release(job_id)  # a requeued job is held ~120 s (BeginTime)
+            final = slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED"})
+            bodies = receiver.wait_for(4)
+        finally:
+            slurm_cluster.run("scancel", job_id, check=False)
+    output = (tmp_path / f"notify-{job_id}.out").read_text()
+    assert final == "COMPLETED", output[-4000:]
+    return bodies, run_dir, job_id
+
+
+def test_a_webhook_hears_started_preempted_completed_in_order(preempted_once):
+    bodies, _, job_id = preempted_once
+    assert [(b["event"], b["job"]) for b in bodies] == [
+        ("started", job_id),
+        ("preempted", job_id),
+        ("started", job_id),  # once per attempt: the requeued job started again
+        ("completed", job_id),
+    ]
+    started, preempted, resumed, completed = bodies
+    assert started["step"] == 0 and preempted["step"] >= 5
+    assert resumed["step"] == preempted["step"]  # it resumed where it was preempted
+    assert completed["step"] == 4 * 2048 // (32 * 2)
+    assert "resumed from step" in resumed["text"] and "2 ranks on 2 node(s)" in resumed["text"]
+
+
+def test_the_report_adds_up_the_run_s_attempts(preempted_once, slurm_cluster):
+    _, run_dir, job_id = preempted_once
+    done = run_cli("report", str(run_dir), "--json", env=slurm_cluster.cli_env)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    first, second = got["runs"][0]["attempts"]
+    assert (first["cause"], second["cause"]) == ("preempted", "finished")
+    assert (first["job"], first["nodes"], second["nodes"]) == (job_id, 2, 2)
+    assert first["steps_gained"] + second["steps_gained"] == 128
+    node_hours = sum(a["nodes"] * a["wall_s"] for a in (first, second)) / 3600
+    assert got["totals"]["node_hours"] == pytest.approx(node_hours, rel=0.01)
+    assert second["waited_s"] > 0 and second["lost_s"] > second["waited_s"]
+    # this cluster keeps no accounting: the report says so and uses the run's records
+    assert got["accounting"] == "sacct: Slurm accounting storage is disabled"
+    table = run_cli("report", str(run_dir), env=slurm_cluster.cli_env)
+    assert table.returncode == 0 and "Slurm accounting: sacct" in table.stdout
+    print(table.stdout)
