@@ -21,15 +21,14 @@ import torch
 
 from hpcddp.comm import collectives, failures, hang, watchdog
 from hpcddp.config import Config
-from hpcddp.errors import NonFiniteError
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.notify.notices import Notifier, shell_tells_failures
 from hpcddp.outcome import RunOutcome, StopReason
 from hpcddp.storage import attempts
 from hpcddp.storage.rundir import Attempt
 from hpcddp.train import batches, data, ddp, ending, flops, preemption, rng, usercode
 from hpcddp.train.assembly import assemble
 from hpcddp.train.progress_report import ProgressReport
+from hpcddp.train.run_notices import RunNotices
 from hpcddp.train.state import Progress
 from hpcddp.train.stopping import Stopping
 from hpcddp.train.timeline import Timeline, since_process_start
@@ -64,7 +63,7 @@ class TrainingRun:
         self.progress = Progress()
         self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
         self.train_ended = 0.0
-        self.notifier = Notifier(cfg, env.environ, speaks=env.is_main)  # rank 0 posts
+        self.notices = RunNotices(cfg, env)  # rank 0 posts
 
     def execute(self) -> RunOutcome:
         """Resume, train to the end (or a clean stop), then summarize."""
@@ -81,37 +80,22 @@ class TrainingRun:
                 "open metrics.jsonl",
             )
             self.stopping.read_deadline()
-            self.notifier.tell("started", self.progress.step, self._where())
+            self.notices.started(self.progress.step)
             with self._watched():
                 reason = self._train()
-            return self._end(reason)
+            return self.notices.completed(self._end(reason))
         except Exception as err:
             with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
                 faulthandler.dump_traceback(log_file)  # every thread's stack, for post-mortems
             explained = failures.explain(err, self.env, self.cfg.dist.timeout_s)
             explained = usercode.blame(explained, self.env, "your code in training")
-            self._tell_failure(explained)
+            self.notices.failed(explained, self.progress.step)
             if explained is err:
                 raise
             raise explained from err
         finally:
             self.report.close()
-            self.notifier.close()  # a short grace for posts not yet sent, none for answers
-
-    def _where(self) -> str:
-        """Where this attempt runs and what it starts from, for the "started" notice."""
-        env, step = self.env, self.progress.step
-        start = f"resumed from step {step}" if step else "from the start"
-        return f"{env.world_size} ranks on {env.num_nodes} node(s), {start}"
-
-    def _tell_failure(self, err: BaseException) -> None:
-        """A non-finite stop is "nan"; another error "failed", unless hpcddp's job script runs
-        this job: its batch shell tells the failure once it knows what follows (a requeue?)."""
-        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if isinstance(err, NonFiniteError):
-            self.notifier.tell("nan", self.progress.step, first_line)
-        elif not shell_tells_failures(self.env.environ):
-            self.notifier.tell("failed", self.progress.step, first_line)
+            self.notices.close()
 
     @contextlib.contextmanager
     def _watched(self) -> Iterator[None]:
@@ -239,21 +223,17 @@ class TrainingRun:
             ending.refuse_nonfinite(
                 parts, self.env, self.progress, self.cfg.train.nonfinite, self.run_dir
             )
-        if reason == StopReason.PREEMPTED:  # before the requeue, which ends the job's processes
-            self.notifier.tell("preempted", self.progress.step, "checkpoint saved, requeueing")
         if reason:
+            self.notices.stopped(reason, self.progress.step)  # before a requeue ends this process
             return self.stopping.conclude(reason, self.progress.step)
         evaluated = self.report.last_eval
         if evaluated is None and parts.eval_loader is not None:
             # a re-run of a finished run: same weights, same metrics
             evaluated = self.report.evaluate(self.progress, record=False)
-        outcome = ending.finish(
+        return ending.finish(
             parts, self.env, self.progress, self.stopping, self.timeline, self.train_ended,
             evaluated,
         )  # fmt: skip
-        loss = outcome.summary.get("final_loss")
-        self.notifier.tell("completed", outcome.step, f"final loss {loss:.4g}" if loss else "")
-        return outcome
 
 
 def _due(every: int, step: int, epoch_done: bool, last: bool) -> bool:
