@@ -19,11 +19,17 @@ pytestmark = pytest.mark.slow
 LONGER = [*QUICK, "train.epochs=4", "train.log_every_steps=1"]
 
 
-@pytest.fixture(scope="module")
-def preempted_once(slurm_cluster, tmp_path_factory):
+def test_a_run_preempted_once_is_told_in_order_and_its_cost_adds_up(slurm_cluster, tmp_path):
+    """One job for both (the suite deals tests out interleaved: a module fixture would run
+    its job once per test)."""
+    bodies, run_dir, job_id = preempted_once(slurm_cluster, tmp_path)
+    told_in_order(bodies, job_id)
+    reported(slurm_cluster, run_dir, job_id)
+
+
+def preempted_once(slurm_cluster, tmp_path):
     """One 2-node job, preempted (USR2) once at step 5, requeued, finished; what the
-    receiver got, the run directory and the job's output."""
-    tmp_path = tmp_path_factory.mktemp("notify")
+    receiver got, the run directory and the job id."""
     run_dir = tmp_path / "run"
     with Receiver(slurm_cluster.login_addr) as receiver:
         job_id = slurm_cluster.run(
@@ -50,8 +56,8 @@ def preempted_once(slurm_cluster, tmp_path_factory):
     return bodies, run_dir, job_id
 
 
-def test_a_webhook_hears_started_preempted_completed_in_order(preempted_once):
-    bodies, _, job_id = preempted_once
+def told_in_order(bodies, job_id):
+    """started, preempted, started, completed: rank 0 alone, once per attempt."""
     assert [(b["event"], b["job"]) for b in bodies] == [
         ("started", job_id),
         ("preempted", job_id),
@@ -65,8 +71,8 @@ def test_a_webhook_hears_started_preempted_completed_in_order(preempted_once):
     assert "resumed from step" in resumed["text"] and "2 ranks on 2 node(s)" in resumed["text"]
 
 
-def test_the_report_adds_up_the_run_s_attempts(preempted_once, slurm_cluster):
-    _, run_dir, job_id = preempted_once
+def reported(slurm_cluster, run_dir, job_id):
+    """``hpcddp report`` on that run: node-hours are nodes x wall over its two attempts."""
     done = run_cli("report", str(run_dir), "--json", env=slurm_cluster.cli_env)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
@@ -77,6 +83,8 @@ def test_the_report_adds_up_the_run_s_attempts(preempted_once, slurm_cluster):
     node_hours = sum(a["nodes"] * a["wall_s"] for a in (first, second)) / 3600
     assert got["totals"]["node_hours"] == pytest.approx(node_hours, rel=0.01)
     assert second["waited_s"] > 0 and second["lost_s"] > second["waited_s"]
+    # every attempt's rank 0 wrote its start, not only the attempts after a failure
+    assert len((run_dir / "starts.jsonl").read_text().splitlines()) == 2
     # this cluster keeps no accounting: the report says so and uses the run's records
     assert got["accounting"] == "sacct: Slurm accounting storage is disabled"
     table = run_cli("report", str(run_dir), env=slurm_cluster.cli_env)
