@@ -9,10 +9,11 @@ node itself, not this machine, as on a real cluster.
 """
 
 import json
+import time
 
 import pytest
 
-from tests.fixtures.helpers import QUICK, run_cli, wait_for_step, wait_until
+from tests.fixtures.helpers import QUICK, TINY, run_cli, wait_for_step, wait_until
 from tests.fixtures.webhook import Receiver
 
 pytestmark = pytest.mark.slow
@@ -90,3 +91,26 @@ def reported(slurm_cluster, run_dir, job_id):
     table = run_cli("report", str(run_dir), env=slurm_cluster.cli_env)
     assert table.returncode == 0 and "Slurm accounting: sacct" in table.stdout
     print(table.stdout)
+
+
+def test_a_dead_rank_is_told_once_by_the_batch_shell(slurm_cluster, tmp_path):
+    """Rank 1 dies; under hpcddp's job script rank 0 leaves the failure to the batch shell,
+    which tells it once it knows that no retry follows (slurm.max_failures=0)."""
+    with Receiver(slurm_cluster.login_addr) as receiver:
+        done = slurm_cluster.run(
+            "sbatch", "--parsable", "--wait", f"--output={tmp_path}/%x-%j.out",
+            "--job-name=notify-dies", "--nodes=1", "--ntasks-per-node=2", "sbatch/train.sh",
+            "examples/quickstart.yaml", f"run.dir={tmp_path / 'run'}", *TINY,
+            "model.factory=tests.fixtures.faulty_model:make_model",
+            "model.kwargs={rank: 1, at_call: 2, mode: raise}",  # in a step, after "started"
+            "slurm.max_failures=0", f"notify.url={receiver.url}", timeout=300, check=False,
+        )  # fmt: skip
+        job_id = done.stdout.strip().split(";")[0]
+        bodies = receiver.wait_for(2)
+        time.sleep(0.5)  # a duplicate would have arrived by now
+    assert done.returncode != 0
+    assert [(b["event"], b["job"]) for b in receiver.bodies] == [
+        ("started", job_id),
+        ("failed", job_id),
+    ]
+    assert "not retried: slurm.max_failures=0" in bodies[1]["text"], bodies[1]["text"]
