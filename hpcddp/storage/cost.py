@@ -135,7 +135,8 @@ def _with_start(
     if "started" in record:
         return record
     after = float(before.get("time", 0.0)) if before else 0.0
-    mine = [s for s in starts if after < float(s.get("time", 0.0)) <= float(record["time"])]
+    end = float(record.get("time", 0.0))
+    mine = [s for s in starts if after < float(s.get("time", 0.0)) <= end]
     if not mine:
         return record
     names = ("started", "loaded", "first_step", "gpus")

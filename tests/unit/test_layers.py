@@ -131,6 +131,7 @@ echo "JobId=123 JobName=hpcddp JobState=RUNNING NodeList=n1 StdOut=$0.out StdErr
         (["sbatch", "examples/quickstart.yaml", "--dry-run"], set()),
         (["train", "--help-config"], set()),
         (["plot", "--help"], set()),
+        (["report", "--help"], set()),
     ],
 )
 def test_login_commands_start_without_torch(argv, allowed, tmp_path):
