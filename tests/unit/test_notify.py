@@ -95,7 +95,8 @@ def test_a_webhook_that_never_answers_costs_the_caller_nothing(caplog):
                 time.sleep(0.05)
     print(f"never answers: one post told and left in {one * 1000:.1f} ms; two more told in "
           f"{telling * 1000:.1f} ms, left in {three * 1000:.0f} ms")  # fmt: skip
-    assert one < 0.5 and telling < 0.1  # the answers' timeout is 2 s: nothing waited for them
+    # the answers' timeout is 2 s: nothing waited for them (generous bounds: a loaded machine)
+    assert one < 1.5 and telling < 0.5
     assert three < poster.LEAVE_GRACE_S + 0.3
     assert [b["event"] for b in bodies] == ["completed", "started", "preempted"]
     lines = [r.getMessage() for r in caplog.records]
