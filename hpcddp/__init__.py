@@ -5,6 +5,7 @@ The package has wings by world (each subpackage's docstring says what it may imp
 - ground floor: `hpcddp.config`, `hpcddp.errors`, `hpcddp.exit_codes`, `hpcddp.progress`,
   `hpcddp.outcome`
 - `hpcddp.launch`: who am I (hostlists, launch contexts, ports, the local launcher); torch-free
+- `hpcddp.notify`: webhook posts of what happens to a run (started, preempted, ...); torch-free
 - `hpcddp.storage`: run directory, atomic files, checkpoints, plots
 - `hpcddp.comm`: the process group's life, collectives, failure reports, guarded downloads
 - `hpcddp.train`: the trainer and its loop

@@ -8,6 +8,7 @@ configuration reference read it from.
 
 import dataclasses
 import os
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -446,6 +447,39 @@ class TrackingConfig:
             _one_of("tracking", "backends", name, TRACKING_BACKENDS)
 
 
+NOTIFY_EVENTS = (
+    *("started", "preempted", "requeued", "restarted"),
+    *("failed", "nan", "hang", "completed"),
+)
+
+
+@dataclasses.dataclass(kw_only=True)
+class NotifyConfig:
+    """A webhook told what happens to the run (`hpcddp.notify`), posted in the background."""
+
+    url: str = setting(
+        "", "webhook (http or https) that gets a JSON post per event (Slack-compatible); empty: off"
+    )
+    events: list[str] = setting_from(
+        lambda: list(NOTIFY_EVENTS), f"which events to post: any of {', '.join(NOTIFY_EVENTS)}"
+    )
+    timeout_s: float = setting(
+        5.0, "a post that has no answer by then is given up (one line in the log); never waited on"
+    )
+
+    def __post_init__(self) -> None:
+        _strings("notify.events", self.events)
+        for name in self.events:
+            _one_of("notify", "events", name, NOTIFY_EVENTS)
+        _positive("notify", timeout_s=self.timeout_s)
+        parsed = urllib.parse.urlsplit(self.url)
+        if self.url and (parsed.scheme not in ("http", "https") or not parsed.hostname):
+            raise ConfigError(
+                f"notify.url={self.url!r} is not an http(s) URL. "
+                "HINT: set notify.url=https://host/path (a webhook), or notify.url= to turn it off."
+            )
+
+
 def _one_stop_margin(stop_before_end_s: float, signal_delay_s: int) -> None:
     """The trainer's own clock keeps the stop margin; Slurm's signal may come no earlier.
 
@@ -473,6 +507,7 @@ class Config:
     slurm: SlurmConfig = setting_from(SlurmConfig, "what hpcddp asks Slurm for")
     task: TaskConfig = setting_from(TaskConfig, "the loss, the eval metrics and step hooks")
     tracking: TrackingConfig = setting_from(TrackingConfig, "TensorBoard, W&B and MLflow")
+    notify: NotifyConfig = setting_from(NotifyConfig, "a webhook told of starts, stops, failures")
 
     def __post_init__(self) -> None:
         _one_stop_margin(self.train.stop_before_end_s, self.slurm.signal_delay_s)

@@ -43,6 +43,7 @@ from hpcddp import exit_codes
 from hpcddp.config import Config, load_config
 from hpcddp.errors import HpcddpError
 from hpcddp.launch import deaths, hostlist
+from hpcddp.notify.notices import Notifier
 from hpcddp.storage import attempts
 
 FAILED = "failed"  # every failure's cause starts with it
@@ -58,8 +59,9 @@ class Action(enum.Enum):
     STOP = "stop"
 
 
-# What a failed attempt's record says came next.
+# What a failed attempt's record says came next, and the notice it is told with.
 THEN = {Action.RUN: "restart", Action.REQUEUE: "requeue", Action.STOP: "stop"}
+TOLD = {Action.RUN: "restarted", Action.REQUEUE: "requeued", Action.STOP: "failed"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,8 +321,23 @@ def _after(args: argparse.Namespace, environ: Mapping[str, str]) -> Decision:
         excluded=list(decision.avoid or decision.exclude),
         then=THEN[decision.action],
         times={"detected": verdict["detected"]} if verdict else None,
+        size={"allocated_nodes": len(now.allocation)} if now.allocation else None,
     )
+    _tell(config, environ, decision, failure if verdict else None)
     return decision
+
+
+def _tell(
+    config: Config, environ: Mapping[str, str], decision: Decision, hang: Failure | None
+) -> None:
+    """notify.url: a rank's failure as only this shell sees it (rank 0 may be dead): a hang,
+    then what follows. Waits a short grace for the posts to leave, never for an answer."""
+    notifier = Notifier(config, environ, speaks=True)
+    step = attempts.saved_step(config.run.dir)
+    if hang is not None:
+        notifier.tell("hang", step, hang.what)
+    notifier.tell(TOLD[decision.action], step, decision.message.removeprefix("hpcddp: "))
+    notifier.close()
 
 
 def _no_situation(environ: Mapping[str, str]) -> Situation:

@@ -6,7 +6,7 @@ died, since a dead rank writes nothing. `history` lists them for the run's summa
 
 Recovery is timed too. A failed attempt's line holds when the failure was detected (the hang
 watchdog's verdict; a death is seen as the step ends) and its ``time``, when all its ranks were
-gone. Rank 0 of an attempt after a failure writes a line to ``RUN_DIR/starts.jsonl`` after
+gone. Rank 0 of every attempt writes a line to ``RUN_DIR/starts.jsonl`` after
 its first step (when its process started, when its checkpoint was loaded, when that first
 step was done); every attempt's own line holds the same times when it ends. `last_recovery`
 pairs the last failure with the first start after it, for `hpcddp status`, while the new
@@ -75,6 +75,7 @@ def record(
     excluded: list[str] | None = None,
     then: str | None = None,
     times: dict[str, float] | None = None,
+    size: dict[str, int] | None = None,
 ) -> None:
     """Record one attempt once it ended: where it ran, why it ended, the steps it spanned.
 
@@ -82,7 +83,8 @@ def record(
     ``from_step`` to where the previous attempt ended. ``then`` is what the job did next
     after a failure: ``restart`` (in the same job, on a spare node), ``requeue`` or ``stop``.
     ``times`` are its recovery times (``detected`` for a failure; ``started``, ``loaded``,
-    ``first_step`` for its start).
+    ``first_step`` for its start). ``size`` is what it held: ``gpus``, ``allocated_nodes``
+    (spares included), for its cost (`hpcddp.storage.cost`).
     """
     entry: dict[str, Any] = {"job": job, "restart": restart, "nodes": nodes, "cause": cause}
     entry["from_step"] = last_step(run_dir) if from_step is None else from_step
@@ -92,14 +94,20 @@ def record(
     if then:
         entry["then"] = then
     entry.update(times or {})
+    entry.update(size or {})
     _append(run_dir, entry)
 
 
 def record_start(
-    run_dir: str | os.PathLike[str], *, job: str, restart: int, times: dict[str, float]
+    run_dir: str | os.PathLike[str],
+    *,
+    job: str,
+    restart: int,
+    times: dict[str, float],
+    size: dict[str, int] | None = None,
 ) -> None:
     """Rank 0, after its attempt's first step: the times of its start (see the docstring)."""
-    _append(run_dir, {"job": job, "restart": restart, **times}, STARTS)
+    _append(run_dir, {"job": job, "restart": restart, **times, **(size or {})}, STARTS)
 
 
 def hang_dir(run_dir: str | os.PathLike[str], job: str, restart: int) -> pathlib.Path:

@@ -80,6 +80,8 @@ class Attempt:
     job: str = ""
     restart: int = 0
     nodes: tuple[str, ...] = ()
+    gpus: int = 0  # the ranks' GPUs, for the run's cost (`hpcddp report`)
+    allocated_nodes: int = 0  # the job's nodes, spares included; 0: as many as ``nodes``
 
 
 def _holds_a_run(root: pathlib.Path) -> bool:

@@ -28,6 +28,7 @@ from hpcddp.storage.rundir import Attempt
 from hpcddp.train import batches, data, ddp, ending, flops, preemption, rng, usercode
 from hpcddp.train.assembly import assemble
 from hpcddp.train.progress_report import ProgressReport
+from hpcddp.train.run_notices import RunNotices
 from hpcddp.train.state import Progress
 from hpcddp.train.stopping import Stopping
 from hpcddp.train.timeline import Timeline, since_process_start
@@ -62,6 +63,7 @@ class TrainingRun:
         self.progress = Progress()
         self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
         self.train_ended = 0.0
+        self.notices = RunNotices(cfg, env)  # rank 0 posts
 
     def execute(self) -> RunOutcome:
         """Resume, train to the end (or a clean stop), then summarize."""
@@ -78,19 +80,22 @@ class TrainingRun:
                 "open metrics.jsonl",
             )
             self.stopping.read_deadline()
+            self.notices.started(self.progress.step)
             with self._watched():
                 reason = self._train()
-            return self._end(reason)
+            return self.notices.completed(self._end(reason))
         except Exception as err:
             with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
                 faulthandler.dump_traceback(log_file)  # every thread's stack, for post-mortems
             explained = failures.explain(err, self.env, self.cfg.dist.timeout_s)
             explained = usercode.blame(explained, self.env, "your code in training")
+            self.notices.failed(explained, self.progress.step)
             if explained is err:
                 raise
             raise explained from err
         finally:
             self.report.close()
+            self.notices.close()
 
     @contextlib.contextmanager
     def _watched(self) -> Iterator[None]:
@@ -219,6 +224,7 @@ class TrainingRun:
                 parts, self.env, self.progress, self.cfg.train.nonfinite, self.run_dir
             )
         if reason:
+            self.notices.stopped(reason, self.progress.step)  # before a requeue ends this process
             return self.stopping.conclude(reason, self.progress.step)
         evaluated = self.report.last_eval
         if evaluated is None and parts.eval_loader is not None:

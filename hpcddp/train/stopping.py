@@ -126,19 +126,26 @@ class Stopping:
             step=step,
             from_step=self.resumed_step,
             times=self.started,
+            size=self._size(),
         )
 
     def record_start(self) -> None:
-        """Rank 0, after the attempt's first step: its start times, to starts.jsonl when it
-        recovers from a failure, so `hpcddp status` shows the recovery at once."""
+        """Rank 0, after the attempt's first step: its start times, to starts.jsonl, so that
+        `hpcddp status` shows a recovery at once and `hpcddp report` knows when an attempt
+        that dies later began."""
         self.started["first_step"] = round(time.time(), 3)
-        if attempts.last_recovery(self.run_dir) is None:  # nothing failed: nothing to recover
-            return
         a = self.attempt
         try:
-            attempts.record_start(self.run_dir, job=a.job, restart=a.restart, times=self.started)
+            attempts.record_start(
+                self.run_dir, job=a.job, restart=a.restart, times=self.started, size=self._size()
+            )
         except OSError as err:  # a timing record is not worth the run
             log.warning("could not record this attempt's start times: %s", err)
+
+    def _size(self) -> dict[str, int]:
+        """What this attempt holds, for its cost: GPUs, and the job's nodes (spares too)."""
+        a = self.attempt
+        return {"gpus": a.gpus, "allocated_nodes": a.allocated_nodes or len(a.nodes)}
 
     def _refuse_endless_requeue(self, step: int) -> None:
         """The stop time passed within the attempt's first step: a requeue would gain one step."""

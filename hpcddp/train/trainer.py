@@ -167,6 +167,8 @@ def _attempt(env: DistEnv, done: Joined) -> rundir.Attempt:
         job=env.slurm_job,  # what a requeue keeps; local runs have none
         restart=env.restart_count,
         nodes=tuple(dict.fromkeys(hosts or [env.hostname])),
+        gpus=env.world_size if done.device.type == "cuda" else 0,
+        allocated_nodes=int(env.environ.get("SLURM_JOB_NUM_NODES") or 0),
     )
 
 

@@ -58,6 +58,7 @@ def test_only_rank_zero_writes_and_every_rank_logs(tmp_path):
         "metrics.jsonl",
         "summary.json",
         "attempts.jsonl",
+        "starts.jsonl",  # the attempt's start, for `hpcddp report`
         "provenance.json",
         "logs/rank-0.log",
         "logs/rank-1.log",

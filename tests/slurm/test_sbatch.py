@@ -41,6 +41,7 @@ def test_two_nodes_two_tasks_each(slurm_cluster, tmp_path):
         "metrics.jsonl",
         "summary.json",
         "attempts.jsonl",
+        "starts.jsonl",  # the attempt's start, for `hpcddp report`
         "provenance.json",
     }
     for rank in range(4):

@@ -61,7 +61,8 @@ def test_no_package_has_a_name_that_tools_skip():
 
 def test_the_layers_are_the_wings_in_order():
     layers = next(c for c in CONTRACTS if c["type"] == "layers")
-    assert layers["layers"][:6] == ["cli", "slurm", "check : train", "comm", "storage", "launch"]
+    wings = ["cli", "slurm", "check : train", "comm", "storage", "notify", "launch"]
+    assert layers["layers"][:7] == wings
     forbidden = next(c for c in CONTRACTS if c["type"] == "forbidden")
     assert set(LOGIN_SIDE) <= set(forbidden["source_modules"])
     assert "torch" in forbidden["forbidden_modules"]
@@ -133,6 +134,7 @@ echo "JobId=123 JobName=hpcddp JobState=RUNNING NodeList=n1 StdOut=$0.out StdErr
         (["plot", "--help"], set()),
         (["sweep", "--help"], set()),
         (["status", "SWEEP_DIR"], set()),
+        (["report", "--help"], set()),
     ],
 )
 def test_login_commands_start_without_torch(argv, allowed, tmp_path):

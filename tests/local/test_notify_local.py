@@ -1,0 +1,45 @@
+"""Notices from real runs (2 ranks on this machine, no Slurm): rank 0 alone posts, once per
+event, and a webhook that never answers costs training nothing measurable."""
+
+import time
+
+from tests.fixtures.helpers import TINY, run_cli, train_local
+from tests.fixtures.webhook import Receiver
+
+TWO_STEPS = [*TINY, "train.log_every_steps=1"]
+
+
+def test_a_webhook_that_never_answers_delays_training_by_nothing_measurable(tmp_path):
+    began = time.perf_counter()
+    train_local(tmp_path / "quiet", *TWO_STEPS)
+    alone = time.perf_counter() - began
+    with Receiver(answer=False) as receiver:
+        began = time.perf_counter()
+        # its answer would take 60 s: a run that waited for it would show it
+        train_local(tmp_path / "told", *TWO_STEPS, f"notify.url={receiver.url}",
+                    "notify.timeout_s=60")  # fmt: skip
+        told = time.perf_counter() - began
+        bodies = receiver.wait_for(2)
+    print(f"2 ranks, 2 steps: {alone:.2f} s without a webhook, {told:.2f} s posting to one "
+          "that never answers (noisy: a shared 2-core machine)")  # fmt: skip
+    # rank 0 alone posted, each event once; both left before the ranks did
+    assert [(b["event"], b["job"], b["step"]) for b in bodies] == [
+        ("started", "local", 0),
+        ("completed", "local", 2),
+    ]
+    assert told < alone + 5.0  # generous: the run's own time varies by seconds under load
+
+
+def test_a_failed_run_is_told_once_with_what_failed(tmp_path):
+    with Receiver() as receiver:
+        result = run_cli(
+            "train", "examples/quickstart.yaml", f"run.dir={tmp_path / 'run'}", *TWO_STEPS,
+            "model.factory=tests.fixtures.faulty_model:make_model",
+            "model.kwargs={rank: 0, at_call: 2, mode: raise}",
+            f"notify.url={receiver.url}", "--nproc", "2",
+        )  # fmt: skip
+        assert result.returncode != 0
+        _, failed = receiver.wait_for(2)
+        time.sleep(0.3)  # a duplicate would have arrived by now
+    assert receiver.events() == ["started", "failed"]
+    assert "injected failure on rank 0" in failed["text"], failed["text"]

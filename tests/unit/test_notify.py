@@ -1,0 +1,182 @@
+"""Webhook notices (``notify.url``): what is posted, by whom, in which order, and that a webhook
+that is dead or never answers costs the caller nothing but one line in the log.
+
+Every test posts to a real HTTP server on 127.0.0.1 (`tests.fixtures.webhook.Receiver`).
+"""
+
+import json
+import logging
+import socket
+import time
+
+import pytest
+
+from hpcddp.config import load_config
+from hpcddp.errors import ConfigError
+from hpcddp.notify import poster
+from hpcddp.notify.notices import Notifier, shell_tells_failures
+from hpcddp.slurm import policy
+from hpcddp.storage import attempts
+from tests.fixtures.webhook import Receiver
+
+JOB = {"SLURM_JOB_ID": "12", "SLURM_JOB_NODELIST": "n[1-2]"}
+KILLED = "srun: error: n2: task 3: Killed"
+
+
+def notifier(url: str, *overrides: str, speaks: bool = True, environ=JOB) -> Notifier:
+    config = load_config(None, [f"notify.url={url}", "run.dir=/runs/a", "run.name=a", *overrides])
+    return Notifier(config, environ, speaks=speaks)
+
+
+def test_a_notice_carries_event_run_job_step_and_a_slack_text():
+    with Receiver() as receiver:
+        told = notifier(receiver.url)
+        told.tell("preempted", 40, "checkpoint saved, requeued")
+        told.close()
+        (body,) = receiver.wait_for(1)
+    assert receiver.paths == ["/hook?token=t"]  # path and query as given
+    assert {k: body[k] for k in ("event", "run", "name", "job", "step")} == {
+        "event": "preempted",
+        "run": "/runs/a",
+        "name": "a",
+        "job": "12",
+        "step": 40,
+    }
+    assert body["text"] == (
+        "hpcddp run a (/runs/a), job 12: preempted at step 40: checkpoint saved, requeued"
+    )
+    assert Notifier(load_config(None, []), {}, speaks=True).job == "local"
+    array = {"SLURM_JOB_ID": "31", "SLURM_ARRAY_JOB_ID": "30", "SLURM_ARRAY_TASK_ID": "1"}
+    assert notifier(receiver.url, environ=array).job == "30_1"  # as Slurm names a task
+
+
+def test_only_the_chosen_events_are_posted_and_only_by_the_process_that_speaks():
+    with Receiver() as receiver:
+        rank0 = notifier(receiver.url, "notify.events=[completed,failed]")
+        rank1 = notifier(receiver.url, "notify.events=[completed,failed]", speaks=False)
+        for told in (rank0, rank1):
+            told.tell("started", 0)
+            told.tell("completed", 64)
+            told.close()
+        receiver.wait_for(1)
+        time.sleep(0.2)  # anything more would have arrived by now
+    assert receiver.events() == ["completed"]
+    assert notifier("", speaks=True).poster is None  # no URL: off
+
+
+def test_posts_arrive_in_the_order_they_were_told():
+    order = ["started", "nan", "hang", "restarted", "preempted", "requeued", "failed", "completed"]
+    with Receiver() as receiver:
+        told = notifier(receiver.url)
+        for step, event in enumerate(order):
+            told.tell(event, step)
+        told.close()
+        receiver.wait_for(len(order))
+    assert receiver.events() == order
+
+
+def test_a_webhook_that_never_answers_costs_the_caller_nothing(caplog):
+    with Receiver(answer=False) as receiver:
+        told = notifier(receiver.url, "notify.timeout_s=2")
+        began = time.perf_counter()
+        told.tell("completed", 64)
+        assert told.poster is not None
+        assert told.poster.close()  # the post left (it waits for that, never for an answer)
+        one = time.perf_counter() - began
+        began = time.perf_counter()
+        for event in ("started", "preempted"):
+            told.tell(event, 1)
+        telling = time.perf_counter() - began
+        told.close()  # each waits ORDER_WAIT_S for the answer before it: leaving gives up
+        three = time.perf_counter() - began
+        bodies = receiver.wait_for(3)
+        with caplog.at_level(logging.WARNING, logger="hpcddp.notify"):
+            deadline = time.monotonic() + 10
+            while len(caplog.records) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+    print(f"never answers: one post told and left in {one * 1000:.1f} ms; two more told in "
+          f"{telling * 1000:.1f} ms, left in {three * 1000:.0f} ms")  # fmt: skip
+    # the answers' timeout is 2 s: nothing waited for them (generous bounds: a loaded machine)
+    assert one < 1.5 and telling < 0.5
+    assert three < poster.LEAVE_GRACE_S + 0.3
+    assert [b["event"] for b in bodies] == ["completed", "started", "preempted"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum(line.startswith("notify: no answer from") for line in lines) == 3
+    assert all(line.startswith("notify: ") and "\n" not in line for line in lines)
+
+
+def test_a_dead_webhook_is_one_line_in_the_log_and_nothing_else(caplog):
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    told = notifier(f"http://127.0.0.1:{port}/hook")
+    with caplog.at_level(logging.WARNING, logger="hpcddp.notify"):
+        told.tell("failed", 3, "task 3 on n2: Killed")
+        assert told.poster is not None and told.poster.close()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"notify: could not post 'failed' to http://127.0.0.1:{port}/hook: ")
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("notify.url=ftp://host/hook", "notify.url='ftp://host/hook' is not an http(s) URL"),
+        ("notify.url=hooks.slack.com/x", "is not an http(s) URL"),
+        ("notify.events=[started,finished]", "notify.events='finished' is not one of"),
+        ("notify.timeout_s=0", "notify.timeout_s must be > 0"),
+    ],
+)
+def test_a_bad_notify_setting_is_refused_in_one_line_with_a_hint(override, words):
+    with pytest.raises(ConfigError, match="HINT") as raised:
+        load_config(None, [override])
+    assert words in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_rank_zero_leaves_failures_to_the_batch_shell_of_hpcddp_s_job_script():
+    assert shell_tells_failures({"SLURM_JOB_ID": "12", "HPCDDP_JOB_END_TIME": "12@1700000000"})
+    # a job started inside another hpcddp job inherits its outer mark, which is not its own
+    assert not shell_tells_failures({"SLURM_JOB_ID": "13", "HPCDDP_JOB_END_TIME": "12@17000"})
+    assert not shell_tells_failures({"SLURM_JOB_ID": "12"})  # submitit, srun by hand
+    assert not shell_tells_failures({})  # local
+
+
+def _run_dir_at_step_30(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for name in ("step-00000030.pt", "step-00000030.pt.sha256"):  # what CheckpointStore leaves
+        (run_dir / "checkpoints" / name).write_text("x")
+    return run_dir
+
+
+def test_the_job_script_s_helper_tells_a_requeue_then_the_failure_that_ends_the_job(tmp_path):
+    run_dir = _run_dir_at_step_30(tmp_path)
+    with Receiver() as receiver:
+        argv = ["after", "--status", "137", "--srun-error", KILLED, "--usable", "n1 n2 n3"]
+        argv += [f"run.dir={run_dir}", f"notify.url={receiver.url}"]
+        assert policy.main(argv, {**JOB, "SLURM_RESTART_COUNT": "0"}) == 0
+        assert policy.main(argv, {**JOB, "SLURM_RESTART_COUNT": "1"}) == 0  # gained nothing
+        first, second = receiver.wait_for(2)
+    assert (first["event"], first["job"], first["step"]) == ("requeued", "12", 30)
+    said = "task 3 on n2: Killed; requeueing job 12 without n2 (failure 1 of at most 2; "
+    assert first["text"].endswith(said + "this attempt saved 30 steps)")
+    assert second["event"] == "failed" and "this retry gained no step" in second["text"]
+
+
+def test_a_hang_is_told_before_what_follows_it(tmp_path):
+    run_dir = _run_dir_at_step_30(tmp_path)
+    found = attempts.hang_dir(run_dir, "12", 0)
+    found.mkdir(parents=True)
+    (found / "verdict.json").write_text(json.dumps({"hosts": ["n2"], "ranks": [3], "detected": 1}))
+    with Receiver() as receiver:
+        argv = ["after", "--status", "124", "--hosts", "n1,n2", "slurm.spare_nodes=1"]
+        argv += [
+            f"run.dir={run_dir}",
+            f"notify.url={receiver.url}",
+            "notify.events=[hang,restarted]",
+        ]
+        assert policy.main(argv, {**JOB, "SLURM_JOB_NODELIST": "n[1-3]"}) == 0
+        hang, restarted = receiver.wait_for(2)
+    assert (hang["event"], restarted["event"]) == ("hang", "restarted")
+    assert hang["text"].endswith("at step 30: rank 3 on n2: hung")
+    assert "restarting in job 12 on n1,n3 without n2" in restarted["text"]
