@@ -19,6 +19,7 @@ container.
 (`container_lines`) wraps the ranks and the Python helpers, never the shell itself.
 """
 
+import dataclasses
 import importlib.resources
 import pathlib
 import re
@@ -32,6 +33,7 @@ from hpcddp import __version__, exit_codes
 from hpcddp.config import Config, SlurmConfig, split_override
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import HpcddpError, LaunchError
+from hpcddp.slurm.chain import chained
 from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.cpus_per_task import NodeShape, no_nodes, with_cpus
 from hpcddp.slurm.options import SRUN_ARGS, SRUN_ENV, sbatch_options, with_options
@@ -124,6 +126,8 @@ def render(
     options = dict(options or {})
     _check_overrides(overrides)
     slurm = with_cpus(with_options(config.slurm, options), node_shapes)
+    # A chain's links share a name made from the run directory; the pre-flight is one job.
+    slurm = dataclasses.replace(slurm, chain=1) if check else chained(slurm, config.run.dir)
     if command is None:
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items() if v is not None]
         flags += ["--check"] if check else []

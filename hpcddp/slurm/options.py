@@ -16,6 +16,8 @@ from hpcddp.config import SlurmConfig
 from hpcddp.errors import ConfigError
 from hpcddp.slurm import cpus_per_task
 
+DEPENDENCY = "singleton"  # how a chain's links wait for each other
+
 
 class SlurmOption(NamedTuple):
     """A command-line option that overrides one field of the config's slurm section."""
@@ -222,4 +224,6 @@ def sbatch_options(slurm: SlurmConfig) -> list[str]:
         value = getattr(job, name)
         opts += [f"--{name}={value}"] if value else []
     opts += [f"--signal=B:USR2@{job.signal_delay_s}"] if job.signal_delay_s else []
+    # A chain's links run one at a time, in order: one name, one user (hpcddp.slurm.chain).
+    opts += [f"--dependency={DEPENDENCY}"] if slurm.chain > 1 else []
     return [*opts, "--requeue", *job.extra]
