@@ -13,6 +13,7 @@ from typing import Any
 from hpcddp import exit_codes
 from hpcddp.cli.args import add_slurm_options, split_config_and_overrides
 from hpcddp.errors import ConfigError
+from hpcddp.slurm.chain_status import chain_lines
 from hpcddp.slurm.options import OPTIONS
 from hpcddp.slurm.status import job_status, log_paths
 from hpcddp.storage.runinfo import run_lines
@@ -78,7 +79,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """A job's state, nodes, pending reason and run directory; a run directory's latest figures."""
     target = pathlib.Path(args.job_id)
     if target.is_dir():
-        print("\n".join(run_lines(target)), flush=True)
+        print("\n".join([*run_lines(target), *chain_lines(target)]), flush=True)
         return exit_codes.OK
     blocks = []
     for status in job_status(args.job_id):
@@ -86,6 +87,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         run_dir = pathlib.Path(status.run_dir) if status.run_dir else None
         if run_dir is not None and (run_dir / "metrics.jsonl").exists():
             lines += run_lines(run_dir)[1:]  # the figures, without the run dir again
+        if run_dir is not None:
+            lines += chain_lines(run_dir)
         blocks.append("\n".join(lines))
     print("\n\n".join(blocks), flush=True)
     return exit_codes.OK
