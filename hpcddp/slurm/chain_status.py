@@ -52,9 +52,9 @@ def link_rows(
     rows = []
     for number, job_id in enumerate(record.links, start=1):
         mine = [a for a in history if a.get("job") == job_id]
-        state = states.get(job_id, {}).get("State", "")
-        if state in ("", LEFT_QUEUE):
-            state = "ended" if mine else "gone"  # Slurm forgot it (or cannot answer now)
+        state = states.get(job_id, {}).get("State", "unknown")  # squeue did not answer
+        if state == LEFT_QUEUE:  # Slurm forgot it: it ended a while ago
+            state = "ended" if mine else "left the queue"
         last = str(mine[-1].get("cause", "")) if mine else ""
         rows.append(
             LinkRow(
