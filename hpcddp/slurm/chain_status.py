@@ -56,6 +56,8 @@ def link_rows(
         if state == LEFT_QUEUE:  # Slurm forgot it: it ended a while ago
             state = "ended" if mine else "left the queue"
         last = str(mine[-1].get("cause", "")) if mine else ""
+        if last == "preempted" and number == len(record.links):
+            last = "stopped at its time limit, the chain spent: submit again to resume"
         rows.append(
             LinkRow(
                 link=number,

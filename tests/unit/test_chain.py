@@ -127,7 +127,8 @@ def stopping(run_dir, job: str) -> Stopping:
     return Stopping(Config(), env, flag, vote, Attempt(job=job), run_dir, grace_s=0.1)
 
 
-def test_a_link_hands_on_and_a_lone_job_requeues(tmp_path):
+def test_a_link_hands_on_and_a_lone_job_requeues(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: no real job is ever requeued
     chain_record.save(tmp_path, ChainRecord("c", 3, time.time(), ("11", "12", "13")))
     link = stopping(tmp_path, "11").conclude(StopReason.PREEMPTED, step=40)
     assert (link.handed_on, link.requeued) == (True, False)
@@ -231,6 +232,17 @@ def test_status_shows_each_link_its_state_and_the_steps_it_gained():
         "link 3:           job 13       CANCELLED",
         "link 4:           job 14       unknown",
     ]
+
+
+def test_status_says_when_the_chain_is_spent_before_the_run():
+    record = ChainRecord("train-1234abcd", 2, 0.0, ("11", "12"))
+    history = [
+        {"job": "11", "cause": "preempted", "from_step": 0, "step": 40},
+        {"job": "12", "cause": "preempted", "from_step": 40, "step": 80},
+    ]
+    rows = link_rows(record, history, {"11": {"State": "COMPLETED"}, "12": {"State": "COMPLETED"}})
+    assert rows[0].ending == "handed on at its time limit"
+    assert rows[1].ending.startswith("stopped at its time limit, the chain spent: submit again")
 
 
 def test_a_handed_on_outcome_is_a_stop_not_a_finish():
