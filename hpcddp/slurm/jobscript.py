@@ -13,7 +13,8 @@ trainer checkpoints and requeues the job (``--requeue``) itself; where it cannot
 ``scontrol`` inside its container) it exits with `exit_codes.STOPPED_NOT_REQUEUED`. Before
 the first step and after every step the shell asks `hpcddp.slurm.policy` what to do next (run
 a step on which nodes, requeue with which nodes excluded, or stop) and does it, outside the
-container.
+container. A chain's links (``slurm.chain``) carry a job name of their run directory's and
+``--dependency=singleton`` instead of ``--signal``; see `hpcddp.slurm.chain`.
 
 ``slurm.setup`` lines are the site's shell code and are copied in as they are; the container
 (`container_lines`) wraps the ranks and the Python helpers, never the shell itself.

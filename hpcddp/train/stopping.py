@@ -2,8 +2,8 @@
 
 `Stopping` holds the decisions `hpcddp.train.loop` asks for at start-up (when to stop ahead of
 the job's time limit), after each step (the ranks' vote) and after a stop (requeue a preempted
-Slurm job, or not), and turns a stop into the typed `RunOutcome`. The NaN policy is not here:
-it lives whole in `hpcddp.train.guard`.
+Slurm job, hand on to the next link of the run's chain, or neither), and turns a stop into the
+typed `RunOutcome`. The NaN policy is not here: it lives whole in `hpcddp.train.guard`.
 """
 
 import logging
