@@ -248,3 +248,27 @@ def test_status_says_when_the_chain_is_spent_before_the_run():
 def test_a_handed_on_outcome_is_a_stop_not_a_finish():
     outcome = RunOutcome(step=3, stop=StopReason.PREEMPTED, handed_on=True)
     assert not outcome.finished and exit_code(outcome) == exit_codes.OK
+
+
+# -- under hpcddp submit: task 0 of a link does what the batch shell does ----------------------
+
+
+def test_a_submitted_link_after_the_run_ended_leaves_and_cancels_the_rest(tmp_path, monkeypatch):
+    bin_dir, cancelled = tmp_path / "bin", tmp_path / "scancelled"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {cancelled}\n')
+    (bin_dir / "scancel").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    task_0 = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "12", "SLURM_PROCID": "0"}
+    task_0 |= {"SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    task_0 |= {"SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "n1"}
+    for name, value in task_0.items():
+        monkeypatch.setenv(name, value)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    chain_record.save(run_dir, ChainRecord("c", 3, time.time(), ("11", "12", "13")))
+    write_summary(run_dir)
+    config = load_config(QUICKSTART, [f"run.dir={run_dir}", "slurm.chain=3"])
+    outcome = submission.TrainTask(config)()  # no torch, no training: the run has ended
+    assert outcome.finished and outcome.step == 64
+    assert cancelled.read_text() == "13\n"
