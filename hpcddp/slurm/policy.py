@@ -295,7 +295,8 @@ def _first(args: argparse.Namespace, environ: Mapping[str, str]) -> Decision:
     if config.slurm.chain > 1 and not args.check:
         rest, why = chain.ended_before(config.run.dir, environ.get("SLURM_JOB_ID", ""))
         if why:
-            return Decision(Action.STOP, f"hpcddp: {why}; nothing to do", cancel=rest)
+            left = f"; cancelling the chain's links left: {','.join(rest)}" if rest else ""
+            return Decision(Action.STOP, f"hpcddp: {why}; nothing to do{left}", cancel=rest)
     return first_hosts(nodes, config.slurm.spare_nodes)
 
 

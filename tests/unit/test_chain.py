@@ -203,7 +203,8 @@ def test_the_helper_names_the_links_to_cancel_after_the_run_completed(tmp_path, 
     # a link that starts after the run ended runs no step
     assert policy.main(["first", *common], {**environ, "SLURM_JOB_ID": "12"}) == 0
     out, err = capsys.readouterr()
-    assert out == "stop 0 13\n" and "the run completed before link 2 started" in err
+    assert out == "stop 0 13\n"
+    assert "the run completed before link 2 started; nothing to do; cancelling the chain's " in err
     # a failure the policy does not retry ends the chain too
     fail = ["after", "--status", "2", "--srun-error", "", *common]
     assert policy.main(fail, {**environ, "SLURM_JOB_ID": "13"}) == 0
