@@ -47,9 +47,10 @@ class TrainTask:
             link.ended(exit_codes.OK, terminated=result.stop == StopReason.TERMINATED)
         return result
 
-    def checkpoint(self) -> DelayedSubmission:
-        """submitit's hook for a signal that arrives outside training: requeue, then resume."""
-        return DelayedSubmission(self)
+    def checkpoint(self) -> DelayedSubmission | None:
+        """submitit's hook for a signal that arrives outside training: requeue, then resume;
+        a chain's link is not requeued (None), its next link resumes."""
+        return DelayedSubmission(self) if self.config.slurm.chain <= 1 else None
 
     def __repr__(self) -> str:
         return f"TrainTask(run.dir={self.config.run.dir!r})"

@@ -88,6 +88,11 @@ def test_submitit_links_ask_for_the_dependency_and_no_signal():
     assert params["slurm_signal_delay_s"] == 0
 
 
+def test_submitit_never_requeues_a_link():
+    assert submission.TrainTask(Config(slurm=SlurmConfig(chain=2))).checkpoint() is None
+    assert submission.TrainTask(Config()).checkpoint() is not None
+
+
 def test_a_chain_is_refused_where_it_cannot_be(tmp_path):
     config = Config(slurm=SlurmConfig(chain=2))
     with pytest.raises(ConfigError, match="one job array.*HINT: set slurm.chain=1"):
