@@ -383,7 +383,7 @@ class SlurmConfig:
     signal_delay_s: int = setting(
         120,
         "USR2 this long before the time limit: checkpoint, requeue; at most "
-        "train.stop_before_end_s, the stop margin (0: no signal)",
+        "train.stop_before_end_s, the stop margin (0: no signal; a chain's links get none)",
     )
     launcher: str = setting(
         "srun",
