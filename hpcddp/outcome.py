@@ -33,6 +33,7 @@ class RunOutcome:
     step: int  # the optimizer steps taken when the run ended
     stop: StopReason | None = None  # None: trained to the end
     requeued: bool = False  # a preempted Slurm job that requeued itself
+    handed_on: bool = False  # a chain link stopped at its time limit: the next link resumes
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)  # summary.json, if written
 
     @property

@@ -206,8 +206,15 @@ while read -r action step_hosts avoid <<<"$decision" && [[ $action == run ]] &&
         decision="stop $status"
 done
 if [[ $action == run ]]; then decision="stop $status"; fi # SIGTERM came between two steps
-read -r action status exclude <<<"$decision"
+# `requeue STATUS NODES` or `stop STATUS JOBS`: the nodes to exclude, or the chain's links left
+# to cancel once the run ended for good (hpcddp.slurm.chain; they would only start and leave).
+read -r action status listed <<<"$decision"
+if [[ $action == stop && -n $listed ]]; then
+    IFS=, read -r -a left <<<"$listed"
+    scancel "${left[@]}" || echo "hpcddp: could not cancel the chain's links $listed" >&2
+fi
 if [[ $action == requeue ]]; then
+    exclude=$listed
     # Requeueing ends this shell (SIGTERM, trapped above, then SIGKILL after KillWait):
     # Slurm refuses ExcNodeList while the job runs but takes it the moment it is requeued.
     if ! scontrol requeue "$SLURM_JOB_ID"; then

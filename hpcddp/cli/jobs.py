@@ -14,6 +14,7 @@ from hpcddp import exit_codes
 from hpcddp.cli import sweep
 from hpcddp.cli.args import add_slurm_options, split_config_and_overrides
 from hpcddp.errors import ConfigError
+from hpcddp.slurm.chain_status import chain_lines
 from hpcddp.slurm.options import OPTIONS
 from hpcddp.slurm.status import job_status, log_paths
 from hpcddp.storage import sweep_manifest
@@ -87,7 +88,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"HINT: hpcddp status {args.job_id} (without --json)."
         )
     if target.is_dir():
-        print("\n".join(run_lines(target)), flush=True)
+        print("\n".join([*run_lines(target), *chain_lines(target)]), flush=True)
         return exit_codes.OK
     blocks = []
     for status in job_status(args.job_id):
@@ -95,6 +96,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         run_dir = pathlib.Path(status.run_dir) if status.run_dir else None
         if run_dir is not None and (run_dir / "metrics.jsonl").exists():
             lines += run_lines(run_dir)[1:]  # the figures, without the run dir again
+        if run_dir is not None:
+            lines += chain_lines(run_dir)
         blocks.append("\n".join(lines))
     print("\n\n".join(blocks), flush=True)
     return exit_codes.OK

@@ -6,11 +6,12 @@ from typing import Any
 
 from hpcddp import exit_codes
 from hpcddp.cli.args import add_slurm_options, split_config_and_overrides
-from hpcddp.config import load_config
+from hpcddp.config import SlurmConfig, load_config
 from hpcddp.errors import ConfigError
+from hpcddp.slurm.chain import chained, submit_links
 from hpcddp.slurm.cpus_per_task import node_shapes
 from hpcddp.slurm.jobscript import render, submit
-from hpcddp.slurm.options import OPTIONS
+from hpcddp.slurm.options import OPTIONS, with_options
 
 
 def cmd_sbatch(args: argparse.Namespace) -> int:
@@ -35,7 +36,22 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(script, end="")
         return exit_codes.OK
+    slurm = with_options(config.slurm, options)
+    if slurm.chain > 1 and not args.check:
+        return _submit_chain(script, config.run.dir, chained(slurm, config.run.dir))
     print(submit(script), flush=True)
+    return exit_codes.OK
+
+
+def _submit_chain(script: str, run_dir: str, slurm: SlurmConfig) -> int:
+    """Submit the script as the chain's links, one job id a line (the first link first)."""
+    record = submit_links(lambda _: submit(script), run_dir, slurm.job_name, slurm.chain)
+    print("\n".join(record.links), flush=True)
+    print(
+        f"hpcddp: submitted chain {record.name}: {record.size} jobs, one after another; follow "
+        f"it with `hpcddp status {run_dir}`, cancel it with `scancel --name={record.name}`",
+        file=sys.stderr,
+    )
     return exit_codes.OK
 
 

@@ -68,12 +68,13 @@ def _readable_by_children(path: str | None) -> Iterator[str | None]:
 
 
 def exit_code(outcome: RunOutcome) -> int:
-    """0 when finished, stopped on request or requeued; distinct codes for the other stops."""
+    """0 when finished, stopped on request, requeued or handed on to the chain's next link;
+    distinct codes for the other stops."""
     if outcome.stop == StopReason.INTERRUPTED:
         return exit_codes.INTERRUPTED
     if outcome.stop == StopReason.TERMINATED:
         return exit_codes.TERMINATED
-    if outcome.stop == StopReason.PREEMPTED and not outcome.requeued:
+    if outcome.stop == StopReason.PREEMPTED and not (outcome.requeued or outcome.handed_on):
         print(
             f"hpcddp: stopped at step {outcome.step} with a checkpoint but the job was not "
             "requeued. HINT: re-run the same command to resume.",

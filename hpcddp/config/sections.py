@@ -384,7 +384,7 @@ class SlurmConfig:
     signal_delay_s: int = setting(
         120,
         "USR2 this long before the time limit: checkpoint, requeue; at most "
-        "train.stop_before_end_s, the stop margin (0: no signal)",
+        "train.stop_before_end_s, the stop margin (0: no signal; a chain's links get none)",
     )
     launcher: str = setting(
         "srun",
@@ -403,6 +403,11 @@ class SlurmConfig:
         "nodes held in reserve on top of slurm.nodes: when a rank dies, training restarts "
         "within the job on a spare instead of requeueing the job",
     )
+    chain: int = setting(
+        1,
+        "submit the run as this many jobs linked by --dependency=singleton, each resuming "
+        "where the last stopped at its time limit (no requeue then); 1: one job",
+    )
     setup: list[str] = setting_from(
         list, "shell lines the job script runs before the ranks start (module load, exports)"
     )
@@ -414,6 +419,7 @@ class SlurmConfig:
             nodes=self.nodes,
             tasks_per_node=self.tasks_per_node,
             time_min=self.time_min,
+            chain=self.chain,
         )
         _not_negative(
             "slurm",
@@ -430,6 +436,17 @@ class SlurmConfig:
             raise ConfigError(
                 "slurm.setup lines may not contain newlines. HINT: one list item per line."
             )
+        _chain_alone(self.chain, self.extra)
+
+
+def _chain_alone(chain: int, extra: dict[str, Any]) -> None:
+    """A chain links its jobs with --dependency=singleton; another dependency would replace it."""
+    if chain > 1 and any(str(name).replace("_", "-") == "dependency" for name in extra):
+        raise ConfigError(
+            f"slurm.chain={chain} links its jobs with --dependency=singleton, which "
+            "slurm.extra.dependency would replace. HINT: remove slurm.extra.dependency, or "
+            "set slurm.chain=1 and chain the jobs yourself."
+        )
 
 
 TRACKING_BACKENDS = ("tensorboard", "wandb", "mlflow")
@@ -494,6 +511,16 @@ def _one_stop_margin(stop_before_end_s: float, signal_delay_s: int) -> None:
         )
 
 
+def _chain_resumes(chain: int, resume: bool) -> None:
+    """Every link of a chain but the first continues the run in run.dir: it must resume."""
+    if chain > 1 and not resume:
+        raise ConfigError(
+            f"slurm.chain={chain} with run.resume=false: each link after the first must resume "
+            "the run from its checkpoint. HINT: set run.resume=true (and a new run.dir for a "
+            "fresh run)."
+        )
+
+
 @dataclasses.dataclass(kw_only=True)
 class Config:
     """A whole run."""
@@ -511,6 +538,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _one_stop_margin(self.train.stop_before_end_s, self.slurm.signal_delay_s)
+        _chain_resumes(self.slurm.chain, self.run.resume)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, as saved in the run directory."""

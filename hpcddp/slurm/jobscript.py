@@ -13,12 +13,14 @@ trainer checkpoints and requeues the job (``--requeue``) itself; where it cannot
 ``scontrol`` inside its container) it exits with `exit_codes.STOPPED_NOT_REQUEUED`. Before
 the first step and after every step the shell asks `hpcddp.slurm.policy` what to do next (run
 a step on which nodes, requeue with which nodes excluded, or stop) and does it, outside the
-container.
+container. A chain's links (``slurm.chain``) carry a job name of their run directory's and
+``--dependency=singleton`` instead of ``--signal``; see `hpcddp.slurm.chain`.
 
 ``slurm.setup`` lines are the site's shell code and are copied in as they are; the container
 (`container_lines`) wraps the ranks and the Python helpers, never the shell itself.
 """
 
+import dataclasses
 import importlib.resources
 import pathlib
 import re
@@ -32,6 +34,7 @@ from hpcddp import __version__, exit_codes
 from hpcddp.config import Config, SlurmConfig, split_override
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import HpcddpError, LaunchError
+from hpcddp.slurm.chain import chained
 from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.cpus_per_task import NodeShape, no_nodes, with_cpus
 from hpcddp.slurm.options import SRUN_ARGS, SRUN_ENV, sbatch_options, with_options
@@ -124,6 +127,8 @@ def render(
     options = dict(options or {})
     _check_overrides(overrides)
     slurm = with_cpus(with_options(config.slurm, options), node_shapes)
+    # A chain's links share a name made from the run directory; the pre-flight is one job.
+    slurm = dataclasses.replace(slurm, chain=1) if check else chained(slurm, config.run.dir)
     if command is None:
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items() if v is not None]
         flags += ["--check"] if check else []

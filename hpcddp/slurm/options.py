@@ -16,6 +16,8 @@ from hpcddp.config import SlurmConfig
 from hpcddp.errors import ConfigError
 from hpcddp.slurm import cpus_per_task
 
+DEPENDENCY = "singleton"  # how a chain's links wait for each other
+
 
 class SlurmOption(NamedTuple):
     """A command-line option that overrides one field of the config's slurm section."""
@@ -158,7 +160,7 @@ class Request:
     partition: str
     account: str
     qos: str
-    signal_delay_s: int  # 0: no --signal (torchrun would not pass it on)
+    signal_delay_s: int  # 0: no --signal (torchrun would not pass it on; a chain needs none)
     extra: tuple[str, ...]  # slurm.extra as sbatch options, checked
     extra_values: dict[str, Any]  # the same, as submitit takes them
 
@@ -171,7 +173,9 @@ def request(slurm: SlurmConfig) -> Request:
     their CPUs, and no ``--signal`` (torchrun would not pass it on to its workers).
     """
     torchrun = slurm.launcher == "torchrun"
-    signal_s = 0 if torchrun else slurm.signal_delay_s
+    # A chain's link hands on at the trainer's own deadline and then leaves: a late USR2 would
+    # only hit ranks already leaving (and submitit would requeue on it), so none is asked for.
+    signal_s = 0 if torchrun or slurm.chain > 1 else slurm.signal_delay_s
     if signal_s and signal_s >= slurm.time_min * 60:
         raise ConfigError(
             f"slurm.signal_delay_s={slurm.signal_delay_s} is not shorter than "
@@ -222,4 +226,6 @@ def sbatch_options(slurm: SlurmConfig) -> list[str]:
         value = getattr(job, name)
         opts += [f"--{name}={value}"] if value else []
     opts += [f"--signal=B:USR2@{job.signal_delay_s}"] if job.signal_delay_s else []
+    # A chain's links run one at a time, in order: one name, one user (hpcddp.slurm.chain).
+    opts += [f"--dependency={DEPENDENCY}"] if slurm.chain > 1 else []
     return [*opts, "--requeue", *job.extra]

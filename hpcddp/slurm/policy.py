@@ -8,7 +8,9 @@ stdout, one line, and says nothing of its own:
 - ``requeue STATUS [NODE,...]``: ``scontrol requeue`` the job, then ``scontrol update
   ExcNodeList=`` (Slurm refuses that while the job runs and takes it the moment the job is
   requeued); the job's exit status is STATUS;
-- ``stop STATUS``: end the job with that exit status (the first rank's to fail).
+- ``stop STATUS [JOB,...]``: end the job with that exit status (the first rank's to fail),
+  after ``scancel`` of the JOBs: the links of the run's chain left once the run ended for good
+  (`hpcddp.slurm.chain`).
 
 It is asked once before the first step (``first``) and after every step (``after``). With
 ``slurm.spare_nodes=K`` the job holds N+K nodes: steps run on the first N healthy ones of its
@@ -44,6 +46,7 @@ from hpcddp.config import Config, load_config
 from hpcddp.errors import HpcddpError
 from hpcddp.launch import deaths, hostlist
 from hpcddp.notify.notices import Notifier
+from hpcddp.slurm import chain
 from hpcddp.storage import attempts
 
 FAILED = "failed"  # every failure's cause starts with it
@@ -109,14 +112,15 @@ class Decision:
     hosts: tuple[str, ...] = ()  # (): all of the job's nodes
     avoid: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    cancel: tuple[str, ...] = ()  # a chain's links left, when the run ended for good
 
     def as_output(self) -> str:
-        """What the job script reads: ``run n1,n3 n2``, ``requeue 137 n2,n5``, ``stop 2``."""
+        """What the job script reads: ``run n1,n3 n2``, ``requeue 137 n2,n5``, ``stop 2 7,8``."""
         if self.action is Action.RUN:
             return f"run {','.join(self.hosts) or 'all'} {','.join(self.avoid)}".rstrip()
         if self.action is Action.REQUEUE:
             return f"requeue {self.status} {','.join(self.exclude)}".rstrip()
-        return f"stop {self.status}"
+        return f"stop {self.status} {','.join(self.cancel)}".rstrip()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,13 +291,40 @@ def _first(args: argparse.Namespace, environ: Mapping[str, str]) -> Decision:
     report the error in full (and `after` stops)."""
     nodes = allocation(environ)
     try:
-        spare_nodes = load_config(args.config, args.overrides).slurm.spare_nodes
+        config = load_config(args.config, args.overrides)
     except (HpcddpError, OSError):
         return Decision(Action.RUN)
-    return first_hosts(nodes, spare_nodes)
+    if config.slurm.chain > 1 and not args.check:
+        rest, why = chain.ended_before(config.run.dir, environ.get("SLURM_JOB_ID", ""))
+        if why:
+            left = f"; cancelling the chain's links left: {','.join(rest)}" if rest else ""
+            return Decision(Action.STOP, f"hpcddp: {why}; nothing to do{left}", cancel=rest)
+    return first_hosts(nodes, config.slurm.spare_nodes)
 
 
 def _after(args: argparse.Namespace, environ: Mapping[str, str]) -> Decision:
+    """After a step, with the chain's links left to cancel when the job stops for good."""
+    decision = _after_step(args, environ)
+    if decision.action is not Action.STOP or args.check:
+        return decision
+    try:
+        config = load_config(args.config, args.overrides)
+    except (HpcddpError, OSError):
+        return decision
+    if config.slurm.chain <= 1:
+        return decision
+    job = environ.get("SLURM_JOB_ID", "")
+    rest, why = chain.rest_to_cancel(
+        config.run.dir, job, decision.status, terminated=args.terminated
+    )
+    if not rest:
+        return decision
+    said = f"{decision.message}\n" if decision.message else ""
+    message = f"{said}hpcddp: {why}; cancelling the chain's links left: {','.join(rest)}"
+    return dataclasses.replace(decision, message=message, cancel=rest)
+
+
+def _after_step(args: argparse.Namespace, environ: Mapping[str, str]) -> Decision:
     """After a step; a failure's attempt is recorded, since its dead ranks wrote nothing."""
     failure = Failure.from_srun(args.status, args.srun_error)
     quiet = failure.status in (exit_codes.OK, exit_codes.STOPPED_NOT_REQUEUED) or args.terminated

@@ -41,10 +41,11 @@ from hpcddp.outcome import RunOutcome
 from hpcddp.slurm import cpus_per_task
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
+from hpcddp.slurm.chain import chain_name, submit_links
 from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.cpus_per_task import with_cpus
 from hpcddp.slurm.grid import point_config, sweep_points
-from hpcddp.slurm.options import SRUN_ARGS, SRUN_ENV, request
+from hpcddp.slurm.options import DEPENDENCY, SRUN_ARGS, SRUN_ENV, request
 from hpcddp.slurm.sweep_status import sweep_rows
 from hpcddp.slurm.tasks import CheckTask, TrainTask
 from hpcddp.storage import sweep_manifest
@@ -152,6 +153,8 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
             "(or sbatch/train.sh) for spare nodes, or set slurm.spare_nodes=0 for submit()."
         )
     job = request(slurm)
+    # A chain's links run one at a time, in order: one name, one user (hpcddp.slurm.chain).
+    chain_dependency = {"dependency": DEPENDENCY} if slurm.chain > 1 else {}
     params: dict[str, Any] = {
         "name": job.job_name,
         "nodes": job.nodes,
@@ -163,7 +166,7 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
         # The container gets the GPUs whenever Slurm gave some (hpcddp.slurm.container).
         "slurm_setup": [SRUN_ENV, *gpu_lines(slurm.container), *slurm.setup],
         # The trainer checkpoints on SIGUSR2 and requeues with `scontrol requeue`.
-        "slurm_additional_parameters": {"requeue": True, **job.extra_values},
+        "slurm_additional_parameters": {"requeue": True, **chain_dependency, **job.extra_values},
     }
     optional = {
         "gpus_per_node": job.gpus_per_node,
@@ -279,6 +282,10 @@ def submit(
     """
     config = resolve_config(config, overrides, slurm_options)
     cluster = choose_cluster(cluster)
+    if check:  # the pre-flight is one job, chain or not
+        config = with_values(config, [(["slurm", "chain"], 1)])
+    if config.slurm.chain > 1:
+        return _submit_chain(config, cluster)
     executor = _executor(config, cluster)
     submitted_at = time.time()
     task = CheckTask(config) if check else TrainTask(config)
@@ -292,6 +299,36 @@ def submit(
         config.run.dir,
     )
     return job
+
+
+def _submit_chain(config: Config, cluster: str) -> SlurmRun | LocalRun:
+    """The run as ``slurm.chain`` links (`hpcddp.slurm.chain`); the first link's job."""
+    if cluster != "slurm":
+        raise ConfigError(
+            f"slurm.chain={config.slurm.chain} links Slurm jobs, but this run would go to "
+            "submitit's local executor. HINT: set slurm.chain=1 to run here, or submit where "
+            "sbatch works."
+        )
+    config = with_values(
+        config, [(["slurm", "job_name"], chain_name(config.slurm.job_name, config.run.dir))]
+    )
+    executor = _executor(config, cluster)
+    jobs: list[SlurmRun | LocalRun] = []
+
+    def submit_one(_: int) -> str:
+        submitted_at = time.time()
+        jobs.append(_adopt(executor.submit(TrainTask(config)), executor.folder, cluster))
+        job_index.write_record(_record(jobs[-1], config, cluster, submitted_at))
+        return str(jobs[-1].job_id)
+
+    record = submit_links(submit_one, config.run.dir, config.slurm.job_name, config.slurm.chain)
+    log.info(
+        "submitted chain %s: jobs %s, run dir %s",
+        record.name,
+        ",".join(record.links),
+        config.run.dir,
+    )
+    return jobs[0]
 
 
 def sweep(
@@ -312,6 +349,12 @@ def sweep(
     (Slurm only; the local executor starts them all).
     """
     base = resolve_config(config, overrides, slurm_options)
+    if base.slurm.chain > 1:
+        raise ConfigError(
+            f"slurm.chain={base.slurm.chain}: a sweep's points are one job array, which a chain "
+            "of singleton jobs cannot be. HINT: set slurm.chain=1 for the sweep, or submit each "
+            "point as a run of its own."
+        )
     if max_parallel is not None and (not isinstance(max_parallel, int) or max_parallel < 1):
         raise ConfigError(
             f"max_parallel must be a positive integer, got {max_parallel!r}. "

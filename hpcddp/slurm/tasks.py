@@ -4,12 +4,19 @@ submitit pickles these on the login node and calls them in each task; torch and 
 are imported inside ``__call__``, so submitting never imports them.
 """
 
+import json
+import os
+import pathlib
 from typing import Any
 
+import submitit
 from submitit.core.utils import DelayedSubmission
 
+from hpcddp import exit_codes
 from hpcddp.config import Config
-from hpcddp.outcome import RunOutcome
+from hpcddp.errors import ConfigError
+from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.slurm import chain
 
 
 class TrainTask:
@@ -21,21 +28,62 @@ class TrainTask:
     def __call__(self) -> RunOutcome:
         """Train (or resume) on this task's rank; how the run ended (its summary, or why it
         stopped)."""
+        link = ChainLink(self.config) if self.config.slurm.chain > 1 else None
+        if link is not None and link.run_ended():
+            return link.summary_outcome()  # the run ended before this link started: leave
         from hpcddp.train.trainer import Trainer  # torch is imported in the job, not at submission
 
-        result = Trainer(config=self.config).fit()
+        try:
+            result = Trainer(config=self.config).fit()
+        except ConfigError:
+            if link is not None:
+                link.ended(exit_codes.USAGE)  # bad input: every later link would fail alike
+            raise
         if result.requeued:
             # Slurm restarts the job and its rerun resumes from the checkpoint. Leaving without
             # a result (submitit writes none on SystemExit) keeps job.result() waiting for it.
             raise SystemExit(0)
+        if link is not None:
+            link.ended(exit_codes.OK, terminated=result.stop == StopReason.TERMINATED)
         return result
 
-    def checkpoint(self) -> DelayedSubmission:
-        """submitit's hook for a signal that arrives outside training: requeue, then resume."""
-        return DelayedSubmission(self)
+    def checkpoint(self) -> DelayedSubmission | None:
+        """submitit's hook for a signal that arrives outside training: requeue, then resume;
+        a chain's link is not requeued (None), its next link resumes."""
+        return DelayedSubmission(self) if self.config.slurm.chain <= 1 else None
 
     def __repr__(self) -> str:
         return f"TrainTask(run.dir={self.config.run.dir!r})"
+
+
+class ChainLink:
+    """A submitted task's part in its run's chain: task 0 cancels the links left once the
+    run ended for good (`hpcddp.slurm.chain`; submitit's job has no batch shell of ours)."""
+
+    def __init__(self, config: Config) -> None:
+        self.run_dir = config.run.dir
+        self.job_id = os.environ.get("SLURM_JOB_ID", "")
+        self.rank = submitit.JobEnvironment().global_rank
+
+    def run_ended(self) -> bool:
+        """True when the run ended before this link started; task 0 then cancels the rest."""
+        rest, why = chain.ended_before(self.run_dir, self.job_id)
+        self._cancel(rest, why)
+        return bool(why)
+
+    def ended(self, status: int, *, terminated: bool = False) -> None:
+        """After training: task 0 cancels the links left if the run ended for good."""
+        rest, why = chain.rest_to_cancel(self.run_dir, self.job_id, status, terminated=terminated)
+        self._cancel(rest, why)
+
+    def summary_outcome(self) -> RunOutcome:
+        """The ended run's outcome, from its summary.json."""
+        summary = json.loads((pathlib.Path(self.run_dir) / "summary.json").read_text())
+        return RunOutcome(step=int(summary.get("steps", 0)), summary=summary)
+
+    def _cancel(self, rest: tuple[str, ...], why: str) -> None:
+        if why and self.rank == 0:
+            print(f"hpcddp: {why}; {chain.cancel(rest) or 'no links left'}", flush=True)
 
 
 class CheckTask:

@@ -2,8 +2,8 @@
 
 `Stopping` holds the decisions `hpcddp.train.loop` asks for at start-up (when to stop ahead of
 the job's time limit), after each step (the ranks' vote) and after a stop (requeue a preempted
-Slurm job, or not), and turns a stop into the typed `RunOutcome`. The NaN policy is not here:
-it lives whole in `hpcddp.train.guard`.
+Slurm job, hand on to the next link of the run's chain, or neither), and turns a stop into the
+typed `RunOutcome`. The NaN policy is not here: it lives whole in `hpcddp.train.guard`.
 """
 
 import logging
@@ -16,7 +16,7 @@ from hpcddp.errors import ConfigError
 from hpcddp.launch import deadline, requeue
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
-from hpcddp.storage import attempts
+from hpcddp.storage import attempts, chain_record
 from hpcddp.storage.rundir import Attempt
 from hpcddp.train import preemption
 
@@ -106,6 +106,10 @@ class Stopping:
             self.record_attempt(reason.label, step)
         if not preempted:
             return RunOutcome(step=step, stop=reason)
+        link = collectives.on_rank_zero(self.chain_link, self.env.rank, "read the run's chain")
+        if link:
+            log.info("preempted at step %d, checkpoint saved; %s", step, link)
+            return RunOutcome(step=step, stop=reason, handed_on=True)
         requeued, message = collectives.on_rank_zero(
             lambda: requeue.requeue(self.env.environ), self.env.rank, "requeue the job"
         )
@@ -113,6 +117,24 @@ class Stopping:
             "preempted at step %d, checkpoint saved; %s", step, message
         )
         return RunOutcome(step=step, stop=reason, requeued=requeued)
+
+    def chain_link(self) -> str:
+        """Rank 0: how this job hands on, when it is a link of the run's chain ("" if not).
+
+        A chain's next link waits for this job to end (--dependency=singleton) and resumes
+        from the checkpoint, so the job must end, not requeue: a requeued job would wait in the
+        queue before that link and run again.
+        """
+        found = chain_record.link_of(self.run_dir, requeue.own_job_id(self.env.environ))
+        if found is None:
+            return ""
+        chain, where = found
+        if where == len(chain.links):
+            return (
+                f"job {chain.links[-1]} is the last link ({where} of {chain.size}) of chain "
+                f"{chain.name}, not requeued. HINT: submit the same command again to resume."
+            )
+        return f"link {where} of {chain.size} of chain {chain.name} ends; the next link resumes"
 
     def record_attempt(self, cause: str, step: int) -> None:
         """Rank 0: this attempt's line in attempts.jsonl (`hpcddp.storage.attempts`)."""

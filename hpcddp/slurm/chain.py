@@ -1,0 +1,153 @@
+"""Job chains (``slurm.chain=N``): a run longer than the time limit, as N jobs one after another.
+
+The links are N submissions of one job under one job name with ``--dependency=singleton``:
+Slurm starts a link once no earlier job of that name and user runs or waits, whatever state
+it ended in (``afterok`` would never fire after a TIMEOUT). The name is the job name plus a
+digest of the absolute run directory, so two runs never wait on each other, and two chains
+submitted into one run directory never run at once.
+
+Which mechanism carries on: a link stopped by its time limit checkpoints and ends with status
+0; it never requeues itself (`hpcddp.train.stopping`), since a requeued job would queue again
+ahead of the next link. A rank's death is still retried within the link by the job script's
+policy (`hpcddp.slurm.policy`), as without a chain.
+
+Once the run has ended for good (completed, or stopped by the policy for a failure a retry
+cannot fix), the links left are cancelled by job id: by the batch shell of the link that ended
+(`rest_to_cancel` names them to `hpcddp.slurm.policy`), because that shell runs outside any
+container, where ``scancel`` is, after every rank has exited (no rank is cut short), and it
+sees the endings no rank lives to report (bad input on every rank, a death). Under ``hpcddp
+submit`` (submitit: no batch shell of ours) task 0 does it as it returns. A link that starts
+after the run ended leaves at once (`ended_before`), before any rank starts.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import subprocess
+import time
+from collections.abc import Callable
+
+from hpcddp import exit_codes
+from hpcddp.config import SlurmConfig
+from hpcddp.storage import attempts, chain_record
+from hpcddp.storage.chain_record import ChainRecord
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def chain_name(job_name: str, run_dir: str | os.PathLike[str]) -> str:
+    """``hpcddp-3f2a9c1e``: the job name and a digest of the run directory's absolute path."""
+    where = str(pathlib.Path(run_dir).absolute())
+    return f"{job_name}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
+
+
+def chained(slurm: SlurmConfig, run_dir: str | os.PathLike[str]) -> SlurmConfig:
+    """The slurm section with the chain's job name (unchanged without a chain)."""
+    if slurm.chain <= 1:
+        return slurm
+    return dataclasses.replace(slurm, job_name=chain_name(slurm.job_name, run_dir))
+
+
+def submit_links(
+    submit_one: Callable[[int], str], run_dir: str | os.PathLike[str], name: str, size: int
+) -> ChainRecord:
+    """Submit ``size`` links with ``submit_one(link)`` (it returns the job id), recording each.
+
+    The record is written before the first link, so that no link can start unrecorded.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    record = ChainRecord(name=name, size=size, submitted_at=time.time())
+    chain_record.save(run_dir, record)
+    for link in range(1, size + 1):
+        record = dataclasses.replace(record, links=(*record.links, submit_one(link)))
+        chain_record.save(run_dir, record)
+    return record
+
+
+# -- how a link ended, and what that leaves to the rest ---------------------------------------
+
+
+def run_ended(run_dir: str | os.PathLike[str], since: float) -> str:
+    """ "completed", "failed (why)" or "": what a summary.json written since ``since`` says."""
+    path = pathlib.Path(run_dir) / "summary.json"
+    try:
+        if path.stat().st_mtime < since - 1:
+            return ""
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    if isinstance(summary, dict) and summary.get("status") == "failed":
+        return f"failed ({summary.get('reason', 'see summary.json')})"
+    return "completed"
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkEnd:
+    """How one link's training ended, as the job script and the run directory tell it."""
+
+    status: int  # the job's exit status, as the policy decided it
+    terminated: bool = False  # SIGTERM: scancel, or the time limit's hard end
+    ended: str = ""  # `run_ended`: "completed", "failed (...)" or ""
+    cause: str = ""  # why rank 0 says the link's last attempt ended ("preempted", ...)
+
+
+def why_cancel(end: LinkEnd) -> str:
+    """Why the links left are cancelled after this end; "" when the next link carries on."""
+    if end.ended:
+        return f"the run {end.ended}"
+    if end.terminated:
+        return ""  # scancel of this link, or its time ran out before it stopped: resume
+    if end.status == exit_codes.OK and end.cause == "preempted":
+        return ""  # stopped at its time limit with a checkpoint: the next link resumes
+    if end.status == exit_codes.OK:
+        return f"the run stopped ({end.cause or 'on request'})"
+    return f"the run failed with status {end.status} and is not retried"
+
+
+def rest_to_cancel(
+    run_dir: str | os.PathLike[str], job_id: str, status: int, *, terminated: bool
+) -> tuple[tuple[str, ...], str]:
+    """The links after ``job_id`` to cancel now, and why; () when the chain carries on."""
+    found = chain_record.link_of(run_dir, job_id)
+    if found is None:
+        return (), ""
+    chain, _ = found
+    mine = [r for r in attempts.records(run_dir) if r.get("job") == job_id]
+    end = LinkEnd(
+        status=status,
+        terminated=terminated,
+        ended=run_ended(run_dir, chain.submitted_at),
+        cause=str(mine[-1].get("cause", "")) if mine else "",
+    )
+    why = why_cancel(end)
+    return (chain.after(job_id), why) if why else ((), "")
+
+
+def ended_before(run_dir: str | os.PathLike[str], job_id: str) -> tuple[tuple[str, ...], str]:
+    """At a link's start: the links left to cancel, and why, when the run already ended."""
+    found = chain_record.link_of(run_dir, job_id)
+    if found is None:
+        return (), ""
+    chain, where = found
+    ended = run_ended(run_dir, chain.submitted_at)
+    if not ended:
+        return (), ""
+    return chain.after(job_id), f"the run {ended} before link {where} started"
+
+
+def cancel(jobs: tuple[str, ...], run: Runner = subprocess.run) -> str:
+    """``scancel`` the jobs; what happened, for the log."""
+    if not jobs:
+        return ""
+    try:
+        done = run(["scancel", *jobs], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"could not cancel the chain's links {','.join(jobs)}: {err}"
+    if done.returncode != 0:
+        return f"scancel {' '.join(jobs)} failed: {done.stderr.strip()}"
+    return f"cancelled the chain's links left: {','.join(jobs)}"

@@ -1,0 +1,83 @@
+"""A chain on the real cluster: a run with more work than its one-minute time limit holds goes
+on across links with no user action, never requeues, ends with the weights of an unchained
+run, and the links left over are cancelled before they run."""
+
+import itertools
+import json
+import sys
+
+import pytest
+
+from tests.fixtures.helpers import ENDED, QUICK, REPO, run_cli, summary
+
+pytestmark = pytest.mark.slow
+# 64 steps of at least 0.8 s (a sleep in rank 0's forward: no CPU taken from the other tests):
+# over 51 s of training alone, more than a 1-minute job holds before its 15 s stop margin.
+WORK = [
+    *QUICK,
+    "train.epochs=2",
+    "model.factory=tests.fixtures.slow_rank:make_model",
+    "model.kwargs={rank: 0, delay_s: 0.8}",
+    "slurm.signal_delay_s=0",
+    "train.stop_before_end_s=15",
+]
+
+
+def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_cluster, tmp_path):
+    straight, chained = tmp_path / "straight", tmp_path / "chained"
+    reference, _ = slurm_cluster.sbatch(
+        tmp_path,
+        "sbatch/train.sh",
+        "examples/quickstart.yaml",
+        f"run.dir={straight}",
+        *WORK,
+        options=("--time=10", "--ntasks-per-node=2", "--job-name=unchained"),
+        wait=False,
+    )
+    submitted = slurm_cluster.run(
+        sys.executable,
+        "-m",
+        "hpcddp",
+        "sbatch",
+        str(REPO / "examples/quickstart.yaml"),
+        f"run.dir={chained}",
+        *WORK,
+        "slurm.time_min=1",
+        "slurm.chain=4",
+        cwd=tmp_path,
+        extra_env={"PYTHONPATH": str(REPO)},  # the stand-in model and `examples` live there
+    )
+    links = submitted.stdout.split()
+    try:
+        assert len(links) == 4 and all(link.isdigit() for link in links), submitted.stdout
+        states = [slurm_cluster.wait_for(link, ENDED, timeout=300) for link in links]
+        assert slurm_cluster.wait_for(reference, ENDED, timeout=120) == "COMPLETED"
+    finally:
+        slurm_cluster.run("scancel", reference, *links, check=False)
+    outputs = "\n".join(slurm_cluster.output(tmp_path, link) for link in links)
+    ran = states.index("CANCELLED") if "CANCELLED" in states else len(links)
+    assert ran >= 2 and states[:ran] == ["COMPLETED"] * ran, f"{states}\n{outputs[-4000:]}"
+
+    # Every link ran once (no requeue); each resumed where the last one stopped.
+    for link in links[:ran]:
+        assert "Restarts=0" in slurm_cluster.run("scontrol", "-o", "show", "job", link).stdout
+    records = [json.loads(line) for line in (chained / "attempts.jsonl").read_text().splitlines()]
+    assert [r["job"] for r in records] == links[:ran], records
+    assert [r["cause"] for r in records] == ["preempted"] * (ran - 1) + ["finished"]
+    assert all(a["step"] == b["from_step"] for a, b in itertools.pairwise(records))
+
+    # Bitwise the weights of the unchained run.
+    assert summary(chained)["weights_sha256"] == summary(straight)["weights_sha256"]
+    assert summary(chained)["steps"] == summary(straight)["steps"] == 64
+
+    # The links left were cancelled while pending: no node, no output, no run time.
+    for link in links[ran:]:
+        fields = slurm_cluster.run("scontrol", "-o", "show", "job", link).stdout
+        assert "JobState=CANCELLED" in fields and "RunTime=00:00:00" in fields, fields
+        assert not list(tmp_path.glob(f"*-{link}.out"))
+    assert f"cancelling the chain's links left: {','.join(links[ran:])}" in outputs
+
+    status = run_cli("status", str(chained), env=slurm_cluster.cli_env).stdout
+    assert f"link 1:           job {links[0]}" in status and "handed on at its time" in status
+    assert f"link {ran}:" in status and "completed the run" in status, status
+    assert f"link {ran + 1}:" in status and "CANCELLED" in status, status
