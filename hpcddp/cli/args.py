@@ -37,3 +37,13 @@ def add_slurm_options(parser: argparse.ArgumentParser) -> None:
             metavar=option.metavar,
             help=f"{option.text} (default: the config's slurm.{option.field})",
         )
+
+
+def add_cluster_option(parser: argparse.ArgumentParser) -> None:
+    """``--cluster slurm|local``, as `hpcddp.slurm.submission.choose_cluster` reads it."""
+    parser.add_argument(
+        "--cluster",
+        choices=("slurm", "local"),
+        default=None,
+        help="where to run (default: Slurm when sbatch and a controller answer, else this machine)",
+    )

@@ -12,7 +12,7 @@ from typing import Any
 
 from hpcddp import exit_codes
 from hpcddp.cli import sweep
-from hpcddp.cli.args import add_slurm_options, split_config_and_overrides
+from hpcddp.cli.args import add_cluster_option, add_slurm_options, split_config_and_overrides
 from hpcddp.errors import ConfigError
 from hpcddp.slurm.chain_status import chain_lines
 from hpcddp.slurm.options import OPTIONS
@@ -58,12 +58,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def _add_submit_options(parser: argparse.ArgumentParser) -> None:
     add_slurm_options(parser)
-    parser.add_argument(
-        "--cluster",
-        choices=("slurm", "local"),
-        default=None,
-        help="where to run (default: Slurm when sbatch and a controller answer, else this machine)",
-    )
+    add_cluster_option(parser)
     parser.add_argument(
         "--check",
         action="store_true",

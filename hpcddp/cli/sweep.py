@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from hpcddp import exit_codes
-from hpcddp.cli.args import add_slurm_options, split_config_and_overrides
+from hpcddp.cli.args import add_cluster_option, add_slurm_options, split_config_and_overrides
 from hpcddp.errors import ConfigError
 from hpcddp.slurm.grid import parse_grid
 from hpcddp.slurm.options import OPTIONS
@@ -108,12 +108,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="run at most K points at once (Slurm's --array=...%%K)",
     )
-    parser.add_argument(
-        "--cluster",
-        choices=("slurm", "local"),
-        default=None,
-        help="where to run (default: Slurm when sbatch and a controller answer, else this machine)",
-    )
+    add_cluster_option(parser)
     parser.add_argument(
         "--retry-failed",
         metavar="SWEEP_DIR",

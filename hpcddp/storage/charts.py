@@ -151,13 +151,7 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
             ax.grid(alpha=0.3)
         axes[-1].set_xlabel("optimizer step (dashed: resumed after a stop)")
         fig.suptitle(f"{run_dir.resolve().name}: {_caption(metrics)}")
-        fig.tight_layout()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=100)
-    except OSError as err:
-        raise PlotError(
-            f"could not write {out}: {err.strerror}. HINT: pass --out <a writable path>."
-        ) from None
+        _save(fig, out)
     finally:
         plt.close(fig)
     return out
@@ -221,13 +215,19 @@ def plot_sweep(
         axes[0, 0].legend(fontsize="small")
         axes[-1, 0].set_xlabel("optimizer step")
         fig.suptitle(title + (f" ({len(missing)} point(s) with no metrics yet)" if missing else ""))
-        fig.tight_layout()
+        _save(fig, out)
+    finally:
+        plt.close(fig)
+    return out, missing
+
+
+def _save(fig: Any, out: pathlib.Path) -> None:
+    """Lay the figure out and write it; an unwritable ``out`` is one line with its fix."""
+    fig.tight_layout()
+    try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
     except OSError as err:
         raise PlotError(
             f"could not write {out}: {err.strerror}. HINT: pass --out <a writable path>."
         ) from None
-    finally:
-        plt.close(fig)
-    return out, missing
