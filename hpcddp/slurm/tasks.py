@@ -9,6 +9,7 @@ from typing import Any
 from submitit.core.utils import DelayedSubmission
 
 from hpcddp.config import Config
+from hpcddp.launch import collector
 from hpcddp.outcome import RunOutcome
 
 
@@ -21,6 +22,7 @@ class TrainTask:
     def __call__(self) -> RunOutcome:
         """Train (or resume) on this task's rank; how the run ended (its summary, or why it
         stopped)."""
+        collector.pause()  # until the first step (`hpcddp.launch.collector`)
         from hpcddp.train.trainer import Trainer  # torch is imported in the job, not at submission
 
         result = Trainer(config=self.config).fit()

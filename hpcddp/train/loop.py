@@ -21,6 +21,7 @@ import torch
 
 from hpcddp.comm import collectives, failures, hang, watchdog
 from hpcddp.config import Config
+from hpcddp.launch import collector
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
 from hpcddp.storage import attempts
@@ -78,6 +79,7 @@ class TrainingRun:
                 "open metrics.jsonl",
             )
             self.stopping.read_deadline()
+            collector.resume()  # start-up is over (paused by the command that started us)
             with self._watched():
                 reason = self._train()
             return self._end(reason)
