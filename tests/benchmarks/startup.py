@@ -10,7 +10,8 @@ It starts a cluster of its own (tests/cluster/local-slurm.sh, instance HPCDDP_SL
 9: 8 nodes of 4 CPUs, beside any other cluster), then alternates the two arms, each a real
 ``sbatch`` job doing the same work: the quickstart model for STEPS steps, one evaluation, one
 checkpoint. ``raw`` is `tests/benchmarks/raw_ddp.py` under ``srun``; ``hpcddp`` is
-``sbatch/train.sh``; both read their Python from compiled bytecode, as installed packages are.
+``sbatch/train.sh``; both read their Python from compiled bytecode, as installed packages are,
+after an unmeasured job that imports torch on every rank (a fresh cluster's first job is slow).
 The time is from submission until Slurm calls the job COMPLETED (scheduling included, alike for
 both; the state polled every 0.2 s). Then it prints hpcddp's start-up timeline from its summary.json
 (seconds per phase, the slowest rank per phase). Target: hpcddp within 1.05x of raw.
@@ -112,6 +113,10 @@ def measure(env: dict[str, str], ranks: int, steps: int, runs: int, work: pathli
         f"--output={work}/%x-%j.out",
         f"--export=ALL,HPCDDP_PYTHON={sys.executable}",
     ]
+    # The first job on a fresh cluster took 2-3x longer whichever ran it (42 s against 16 s for
+    # the raw arm at 8 ranks): an unmeasured job that imports torch on every rank first.
+    warm_up = f"srun {sys.executable} -c 'import torch.distributed, torch.nn.parallel'"
+    sbatch_wait(env, [*options, "--job-name=warm-up"], ["--wrap", warm_up])
     times: dict[str, list[float]] = {"raw": [], "hpcddp": []}
     for run in range(runs):
         for arm, command in arms(ranks, steps, work, run).items():
