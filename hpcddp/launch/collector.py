@@ -9,12 +9,20 @@ imported and resumes it before its first step: start-up's garbage is collected o
 is left is frozen (``gc.freeze``), never walked again. Torch-free.
 """
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 
-def pause() -> None:
-    """Collector off until `resume` (a rank, before torch is imported)."""
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Collector off from here (a rank, before torch is imported) until `resume`; on again when
+    the body ends, for a run that ended before its first step in a process that goes on."""
     gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def resume() -> None:

@@ -22,10 +22,10 @@ class TrainTask:
     def __call__(self) -> RunOutcome:
         """Train (or resume) on this task's rank; how the run ended (its summary, or why it
         stopped)."""
-        collector.pause()  # until the first step (`hpcddp.launch.collector`)
-        from hpcddp.train.trainer import Trainer  # torch is imported in the job, not at submission
+        with collector.paused():  # until the first step (`hpcddp.launch.collector`)
+            from hpcddp.train.trainer import Trainer  # torch is imported in the job, not here
 
-        result = Trainer(config=self.config).fit()
+            result = Trainer(config=self.config).fit()
         if result.requeued:
             # Slurm restarts the job and its rerun resumes from the checkpoint. Leaving without
             # a result (submitit writes none on SystemExit) keeps job.result() waiting for it.
