@@ -6,13 +6,14 @@ the suite starts itself). The tiers run side by side in pytest-xdist workers (``
 pyproject.toml); `tests.fixtures.sharing` says what must not overlap and how it is kept apart.
 """
 
+import compileall
 import os
 import pathlib
 
 import pytest
 
 from tests.fixtures import cluster_boot, sharing
-from tests.fixtures.helpers import in_ci
+from tests.fixtures.helpers import REPO, in_ci
 
 # Tests start in this order: the longest first (tests/longest.txt), then the Slurm and local
 # tiers interleaved (the Slurm tier mostly waits on the cluster while the local tier keeps the
@@ -28,13 +29,26 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Boot the Slurm clusters this run needs in the background, once (not in each worker)."""
-    if sharing.in_worker() or session.config.option.collectonly or os.geteuid() != 0:
+    """Compile the code every test process imports, and boot the Slurm clusters this run needs
+    in the background: once, in the controller (not in each worker)."""
+    if sharing.in_worker() or session.config.option.collectonly:
+        return
+    _compile_once()
+    if os.geteuid() != 0:
         return  # without root the Slurm fixtures say why they cannot start a cluster
     paths = [pathlib.Path(arg.split("::")[0]) for arg in session.config.args]
     clusters = cluster_boot.needed(paths, session.config.option.markexpr or "")
     if clusters:
         cluster_boot.boot_in_background(clusters)
+
+
+def _compile_once() -> None:
+    """Write the bytecode of hpcddp, its examples and tests/ once. Under
+    PYTHONDONTWRITEBYTECODE=1 (set on some machines, this one included) no process writes it,
+    so each of the suite's thousands of Pythons (ranks, launchers, helpers) would compile
+    hpcddp again: about 0.09 CPU-s each."""
+    for folder in ("hpcddp", "examples", "tests"):
+        compileall.compile_dir(REPO / folder, quiet=1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -19,6 +19,7 @@ from hpcddp.cli.args import split_config_and_overrides
 from hpcddp.config import load_config, reference
 from hpcddp.config.loading import read_text
 from hpcddp.errors import ConfigError, agreed
+from hpcddp.launch import collector
 from hpcddp.outcome import RunOutcome, StopReason
 
 
@@ -47,11 +48,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         # every rank reads the same file and overrides: rank 0 says it, once, before the others
         # leave (`hpcddp.cli.main.report`), even when srun ends rank 0 as soon as one has left
         raise agreed(err) from None
-    from hpcddp.launch.local import watch_launcher
-    from hpcddp.train.trainer import Trainer
+    with collector.paused():  # until the first step: torch's import makes no garbage worth a pass
+        from hpcddp.launch.local import watch_launcher
+        from hpcddp.train.trainer import Trainer
 
-    watch_launcher(os.environ)  # under --nproc: end with the launcher, even a killed one
-    return exit_code(Trainer(config=config).fit())
+        watch_launcher(os.environ)  # under --nproc: end with the launcher, even a killed one
+        return exit_code(Trainer(config=config).fit())
 
 
 @contextlib.contextmanager

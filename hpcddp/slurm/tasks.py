@@ -15,6 +15,7 @@ from submitit.core.utils import DelayedSubmission
 from hpcddp import exit_codes
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
+from hpcddp.launch import collector
 from hpcddp.outcome import RunOutcome, StopReason
 from hpcddp.slurm import chain
 
@@ -31,10 +32,11 @@ class TrainTask:
         link = ChainLink(self.config) if self.config.slurm.chain > 1 else None
         if link is not None and link.run_ended():
             return link.summary_outcome()  # the run ended before this link started: leave
-        from hpcddp.train.trainer import Trainer  # torch is imported in the job, not at submission
-
         try:
-            result = Trainer(config=self.config).fit()
+            with collector.paused():  # until the first step (`hpcddp.launch.collector`)
+                from hpcddp.train.trainer import Trainer  # torch is imported in the job, not here
+
+                result = Trainer(config=self.config).fit()
         except ConfigError:
             if link is not None:
                 link.ended(exit_codes.USAGE)  # bad input: every later link would fail alike

@@ -10,7 +10,6 @@ dropped page would only be read again from the unchanged file.
 """
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 from collections.abc import Mapping
@@ -21,7 +20,9 @@ import torch
 _PAGE = mmap.PAGESIZE
 _CHUNK_BYTES = 16 << 20  # a big tensor is copied and released this much at a time
 _MADV_DONTNEED = 4  # Linux
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# the interpreter's own symbols, libc's among them: find_library("c") would run ldconfig
+# in a subprocess on every rank at import
+_libc = ctypes.CDLL(None, use_errno=True)
 _madvise = getattr(_libc, "madvise", None)
 
 

@@ -21,6 +21,7 @@ import torch
 
 from hpcddp.comm import collectives, failures, hang, watchdog
 from hpcddp.config import Config
+from hpcddp.launch import collector
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
 from hpcddp.storage import attempts
@@ -81,6 +82,7 @@ class TrainingRun:
             )
             self.stopping.read_deadline()
             self.notices.started(self.progress.step)
+            collector.resume()  # start-up is over (paused by the command that started us)
             with self._watched():
                 reason = self._train()
             return self.notices.completed(self._end(reason))
