@@ -85,6 +85,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if target.is_dir():
         print("\n".join([*run_lines(target), *chain_lines(target)]), flush=True)
         return exit_codes.OK
+    if "/" in args.job_id:
+        raise ConfigError(
+            f"{args.job_id}: no such directory. "
+            "HINT: pass a run directory, a sweep directory or a job id."
+        )
     blocks = []
     for status in job_status(args.job_id):
         lines = status.lines()

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 from collections.abc import Mapping
 
 from hpcddp.errors import ConfigError
@@ -56,6 +57,8 @@ def write_record(record: JobRecord, directory: pathlib.Path | None = None) -> pa
 def find_records(job_id: str, directory: pathlib.Path | None = None) -> list[JobRecord]:
     """The records for ``job_id``: one job, one array task, or every task of array ``job_id``."""
     directory = directory or jobs_dir()
+    if not re.fullmatch(r"(local-)?[\w.-]+", job_id):
+        return []  # not a job id (a path, a glob): no record could be named after it
     names = [job_id] if job_id.startswith("local-") else [job_id, f"local-{job_id}"]
     for name in names:
         if (directory / f"{name}.json").exists():

@@ -460,6 +460,18 @@ def test_status_of_a_job_hpcddp_did_not_submit(tmp_path):
         job_status.job_status("58", gone)
 
 
+def test_status_of_a_missing_directory_is_one_line_not_a_traceback(tmp_path):
+    missing = tmp_path / "no-such-run"
+    done = run_cli("status", str(missing), env={"HPCDDP_JOBS_DIR": str(tmp_path / "jobs")})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"hpcddp: error: {missing}: no such directory. "
+        "HINT: pass a run directory, a sweep directory or a job id."
+    ]
+    assert job_index.find_records(str(missing), tmp_path) == []  # a path is never a job id
+    assert job_index.find_records("*", tmp_path) == []
+
+
 def test_log_paths_of_a_submitted_job(tmp_path):
     record = make_record(tmp_path)
     assert job_status.log_paths("77", None) == [
