@@ -75,6 +75,9 @@ class TrainingRun:
                 "started": round(time.time() - since_process_start(), 3),
                 "loaded": round(time.time(), 3),
             }
+            # start-up is over (paused by the command that started us); before the collectives
+            # below, which line the ranks up again after each one's own collection
+            collector.resume()
             collectives.on_rank_zero(
                 lambda: self.parts.reports.open(self.run_dir, self.progress.step),
                 self.env.rank,
@@ -82,7 +85,7 @@ class TrainingRun:
             )
             self.stopping.read_deadline()
             self.notices.started(self.progress.step)
-            collector.resume()  # start-up is over (paused by the command that started us)
+            self.parts.clock.restart()  # start-up is no step's time
             with self._watched():
                 reason = self._train()
             return self.notices.completed(self._end(reason))

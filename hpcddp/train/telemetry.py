@@ -69,6 +69,11 @@ class IntervalClock:
         """Count ``seconds`` spent in ``phase`` (data_wait_s, forward_s, ...)."""
         self.totals[phase] += seconds
 
+    def restart(self) -> None:
+        """The interval starts now: start-up (the bucket-settling pass, the collector's one
+        pass, opening files) is no step's time."""
+        self.started = time.perf_counter()
+
     def exclude(self, seconds: float) -> None:
         """Leave ``seconds`` spent outside the steps (an evaluation, a save) out of step time."""
         self.started += seconds
