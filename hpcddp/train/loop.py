@@ -55,8 +55,7 @@ class TrainingRun:
         self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
         self.timeline = timeline or Timeline()
         attempt = attempt or Attempt(job=env.slurm_job, nodes=(env.hostname,))
-        # stop_flag is installed by the caller for the whole run: a signal during set-up is a
-        # clean stop
+        # stop_flag: the caller's, for the whole run (a signal during set-up is a clean stop)
         self.parts = assemble(model_fn, dataset_fn, cfg, env, device, run_dir)
         self.stopping = Stopping(cfg, env, stop_flag, self.parts.vote, attempt, run_dir)
         self.beat = hang.Beat()  # the hang watchdog's view of the loop (`hpcddp.comm.watchdog`)
@@ -75,9 +74,7 @@ class TrainingRun:
                 "started": round(time.time() - since_process_start(), 3),
                 "loaded": round(time.time(), 3),
             }
-            # start-up is over (paused by the command that started us); before the collectives
-            # below, which line the ranks up again after each one's own collection
-            collector.resume()
+            collector.resume()  # start-up is over; the collectives below line the ranks up
             collectives.on_rank_zero(
                 lambda: self.parts.reports.open(self.run_dir, self.progress.step),
                 self.env.rank,

@@ -155,6 +155,7 @@ def test_the_job_script_s_helper_tells_a_requeue_then_the_failure_that_ends_the_
         argv = ["after", "--status", "137", "--srun-error", KILLED, "--usable", "n1 n2 n3"]
         argv += [f"run.dir={run_dir}", f"notify.url={receiver.url}"]
         assert policy.main(argv, {**JOB, "SLURM_RESTART_COUNT": "0"}) == 0
+        receiver.wait_for(1)  # the job script's helper is a process per step, seconds apart
         assert policy.main(argv, {**JOB, "SLURM_RESTART_COUNT": "1"}) == 0  # gained nothing
         first, second = receiver.wait_for(2)
     assert (first["event"], first["job"], first["step"]) == ("requeued", "12", 30)
