@@ -24,7 +24,7 @@ LONGEST = pathlib.Path(__file__).parent / "longest.txt"
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: five workers per two cores (``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides it)."""
+    """``-n auto``: two workers per core (``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides it)."""
     return sharing.worker_count(os.cpu_count())
 
 
