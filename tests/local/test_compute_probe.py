@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.fixtures.helpers import REPO
 
 PROBE = """
@@ -64,6 +66,7 @@ def probe_ms(throttled: bool, scale: float = 0.0) -> tuple[float, float]:
     return float(out.strip()), scale
 
 
+@pytest.mark.quiet  # it times something: this test's own stop/continue timing must be kept
 def test_the_probe_sees_a_process_throttled_to_15_percent():
     full, scale = probe_ms(throttled=False)
     throttled, _ = probe_ms(throttled=True, scale=scale)
