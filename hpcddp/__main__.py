@@ -1,13 +1,16 @@
 """``python -m hpcddp`` is the ``hpcddp`` command, as every rank runs it (srun, --nproc, torchrun).
 
-A command that succeeded leaves without the interpreter's teardown: once torch (and DDP's
-dynamo) is loaded, collecting every module at exit costs about 0.7 CPU-s per process, more than
-hpcddp's whole start-up, paid by every rank of every job. Everything an exit promises still
-happens first: other threads are joined and every exit handler runs (logs, trackers, loader
-workers); only then are the standard streams flushed and the process ends with status 0.
+A command that succeeded, or was interrupted (Ctrl-C, its checkpoint saved), leaves without the
+interpreter's teardown: once torch (and DDP's dynamo) is loaded, collecting every module at exit
+costs about 0.7 CPU-s per process, more than hpcddp's whole start-up, paid by every rank of
+every job; and native threads torn down while a peer leaves can abort the process (SIGABRT), a
+clean stop then read as a crash. Everything an exit promises still happens first: other
+threads are joined and every exit handler runs (logs, trackers, loader workers); only then are
+the standard streams flushed and the process ends with main's status.
 A failure keeps the ordinary exit: a rank that only lost a peer must not end before srun has
 heard of the rank that died, whose node the job script's policy reads from srun's first error
-line; an exception main does not handle keeps its traceback.
+line; an exception main does not handle keeps its traceback. (A Ctrl-C reaches every rank:
+no rank's report has to come first.)
 """
 
 import atexit
@@ -15,12 +18,15 @@ import contextlib
 import os
 import sys
 
+from hpcddp import exit_codes
+
+_LEAVE_FAST = (exit_codes.OK, exit_codes.INTERRUPTED)
 _status: list[int] = []
 
 
 def _leave_without_teardown() -> None:
     """Registered before anything else, so it runs after every other exit handler."""
-    if _status != [0]:
+    if len(_status) != 1 or _status[0] not in _LEAVE_FAST:
         return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say

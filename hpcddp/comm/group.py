@@ -8,6 +8,7 @@ destroyed, so a finished or failed run never leaves a rank blocked on a peer tha
 import contextlib
 import dataclasses
 import datetime
+import enum
 import logging
 import os
 import pathlib
@@ -176,12 +177,15 @@ def joined(
             init_group(env, timeout, store if meeting else None)
         except Exception as err:  # gloo and NCCL raise several unrelated types here
             raise _join_error(env, meeting, err, timeout_s) from err
-        finished = False
+        how = Leaving.ALONE
         try:
             yield Joined(device, meeting, pinning)
-            finished = True
+            how = Leaving.FINISHED
+        except KeyboardInterrupt:
+            how = Leaving.INTERRUPTED
+            raise
         finally:
-            leave_together(finished)
+            leave_together(how)
     finally:
         restore_env(previous)
         cpus.pin(cpus.Pinning(frozenset(allowed), None, "as before"), force=True)
@@ -209,24 +213,41 @@ def process_group(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterato
         yield done.device
 
 
-def leave_together(finished: bool, timeout_s: float = 60.0) -> None:
-    """Leave together after success; rank 0, which serves the store, leaves last.
+class Leaving(enum.Enum):
+    """How a rank leaves the group, which decides whether it waits for the others."""
+
+    FINISHED = "finished"  # every rank got here: meet at a barrier, rank 0 leaves last
+    INTERRUPTED = "interrupted"  # Ctrl-C reached every rank: no barrier, rank 0 leaves last
+    ALONE = "alone"  # a failure: peers may be dead or hung; wait for nobody
+
+
+INTERRUPTED_WAIT_S = 10.0  # rank 0, after a Ctrl-C: at most this for the others to leave
+
+
+def leave_together(how: Leaving, timeout_s: float = 60.0) -> None:
+    """Leave the group; unless alone, rank 0, which serves the store, leaves last.
 
     If rank 0 exits while a peer is still inside destroy_process_group, that peer loses the
     store under its feet and can abort ("terminate called without an active exception"), so
-    a finished job would end with a failed rank.
+    a finished job, or one stopped by a second Ctrl-C, would end with a rank killed by SIGABRT.
+    A Ctrl-C reaches every rank, but at its own moment: no barrier then (a rank may already be
+    in the next collective), rank 0 only waits a short while for the others to have left.
     """
     if not dist.is_initialized():
         return
-    if not finished or dist.get_world_size() == 1:
+    if how is Leaving.ALONE or dist.get_world_size() == 1:
         dist.destroy_process_group()
         return
-    dist.barrier()
+    if how is Leaving.FINISHED:
+        dist.barrier()
+    else:
+        timeout_s = min(timeout_s, INTERRUPTED_WAIT_S)
     rank, world = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()  # keeps rank 0's server alive below
     dist.destroy_process_group()
     if rank != 0:
-        store.add("hpcddp/left", 1)
+        with contextlib.suppress(RuntimeError):  # rank 0 gave up waiting: nobody to tell
+            store.add("hpcddp/left", 1)
         return
     deadline = time.monotonic() + timeout_s
     while store.add("hpcddp/left", 0) < world - 1 and time.monotonic() < deadline:

@@ -68,7 +68,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from hpcddp.comm.group import leave_together
+from hpcddp.comm.group import Leaving, leave_together
 from hpcddp.config import (
     Config,
     DataConfig,
@@ -224,7 +224,7 @@ def hand_written_ddp(
             break
     # Leave as the trainer does: rank 0 serves the rendezvous store, so it leaves last (a plain
     # barrier + destroy_process_group sometimes aborts a rank that is still tearing down).
-    leave_together(finished=True)
+    leave_together(Leaving.FINISHED)
     return model, step
 
 

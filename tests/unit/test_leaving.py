@@ -1,4 +1,5 @@
-"""``python -m hpcddp`` leaves a success without the interpreter's teardown, losing nothing.
+"""``python -m hpcddp`` leaves a success or a Ctrl-C without the interpreter's teardown, losing
+nothing.
 
 Collecting every module at exit costs a rank about 0.7 CPU-s once torch and dynamo are loaded
 (`hpcddp/__main__.py`). What an exit promises must still hold: the exit status, other threads
@@ -28,8 +29,16 @@ def late_worker():
     print("thread finished", flush=True)
 
 threading.Thread(target=late_worker).start()
-sys.argv = ["hpcddp", *sys.argv[1:]]
+interrupted = sys.argv[1:2] == ["--interrupted"]
+sys.argv = ["hpcddp", *sys.argv[1 + interrupted:]]
 import hpcddp.cli
+import hpcddp.cli.train
+
+def ctrl_c(args):
+    raise KeyboardInterrupt
+
+if interrupted:  # the command is stopped by a (second) Ctrl-C
+    hpcddp.cli.train.cmd_env = ctrl_c
 command = hpcddp.cli.main
 
 def main():  # registers an exit handler while it runs, as logging and trackers do
@@ -55,6 +64,17 @@ def test_a_command_that_returns_leaves_without_teardown_and_loses_nothing():
     assert "thread finished" in done.stdout  # other threads are joined first
     assert "exit handler ran" in done.stdout  # exit handlers ran, their output flushed
     assert "torn down" not in done.stdout  # the interpreter's teardown was skipped
+
+
+def test_a_ctrl_c_leaves_with_130_without_teardown_and_loses_nothing():
+    """A second Ctrl-C ends each rank with KeyboardInterrupt; torn down as the others leave,
+    a rank's native threads could abort it (SIGABRT, 134: read as a crash)."""
+    done = run("--interrupted", "env")
+    assert done.returncode == 130, done.stderr
+    assert "hpcddp: interrupted" in done.stderr
+    assert "thread finished" in done.stdout
+    assert "exit handler ran" in done.stdout
+    assert "torn down" not in done.stdout
 
 
 def test_a_failure_keeps_its_status_and_the_ordinary_exit():
