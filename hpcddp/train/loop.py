@@ -51,6 +51,7 @@ class TrainingRun:
         stop_flag: preemption.StopFlag,
         attempt: Attempt | None = None,
         timeline: Timeline | None = None,
+        notices: RunNotices | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
         self.timeline = timeline or Timeline()
@@ -63,7 +64,7 @@ class TrainingRun:
         self.progress = Progress()
         self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
         self.train_ended = 0.0
-        self.notices = RunNotices(cfg, env)  # rank 0 posts
+        self.notices = notices or RunNotices(cfg, env)  # rank 0 posts
 
     def execute(self) -> RunOutcome:
         """Resume, train to the end (or a clean stop), then summarize."""

@@ -31,6 +31,7 @@ from hpcddp.train import preemption
 from hpcddp.train.factories import import_factory
 from hpcddp.train.logs import FILE_ONLY, setup_logging, teardown_logging
 from hpcddp.train.loop import TrainingRun
+from hpcddp.train.run_notices import RunNotices
 from hpcddp.train.timeline import Timeline, since_process_start
 
 log = logging.getLogger(__name__)
@@ -136,18 +137,25 @@ class Trainer:
         timeline: Timeline,
     ) -> RunOutcome:
         """Build and execute the run here, so nothing holds it once this returns."""
-        with timeline.phase("setup"):  # the model, data, optimizer and DDP: user code runs
-            run = TrainingRun(
-                self.model_fn,
-                self.dataset_fn,
-                self.config,
-                env,
-                device,
-                run_dir,
-                stop_flag,
-                attempt,
-                timeline,
-            )
+        notices = RunNotices(self.config, env)  # a run that fails while being built is told too
+        try:
+            with timeline.phase("setup"):  # the model, data, optimizer and DDP: user code runs
+                run = TrainingRun(
+                    self.model_fn,
+                    self.dataset_fn,
+                    self.config,
+                    env,
+                    device,
+                    run_dir,
+                    stop_flag,
+                    attempt,
+                    timeline,
+                    notices,
+                )
+        except Exception as err:
+            notices.failed(err, 0)
+            notices.close()
+            raise
         return run.execute()
 
 

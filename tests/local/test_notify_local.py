@@ -43,3 +43,22 @@ def test_a_failed_run_is_told_once_with_what_failed(tmp_path):
         time.sleep(0.3)  # a duplicate would have arrived by now
     assert receiver.events() == ["started", "failed"]
     assert "injected failure on rank 0" in failed["text"], failed["text"]
+
+
+def test_a_run_that_fails_while_being_built_is_told(tmp_path):
+    """The model factory raises on rank 1, before any step: rank 0 still posts "failed", with
+    the one line every rank agreed on (under --nproc or submitit no job script tells it)."""
+    with Receiver() as receiver:
+        result = run_cli(
+            "train", "examples/quickstart.yaml", f"run.dir={tmp_path / 'run'}", *TWO_STEPS,
+            "model.factory=tests.fixtures.faulty_setup:make_model",
+            "model.kwargs={fail_on_rank: 1}",
+            f"notify.url={receiver.url}", "--nproc", "2",
+        )  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        (failed,) = receiver.wait_for(1)
+        time.sleep(0.3)  # a duplicate would have arrived by now
+    assert receiver.events() == ["failed"]
+    assert (failed["step"], failed["job"]) == (0, "local")
+    said = "the model factory tests.fixtures.faulty_setup:make_model raised on rank 1"
+    assert said in failed["text"], failed["text"]

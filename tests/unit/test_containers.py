@@ -203,11 +203,13 @@ def test_the_first_ranks_exit_75_is_the_steps_answer_and_the_shell_requeues(job,
     assert not (tmp_path / "run" / "attempts.jsonl").exists()
 
 
-def test_submit_starts_python_inside_apptainer_and_asks_srun_for_pyxis(tmp_path):
+def test_submit_starts_python_inside_apptainer_and_asks_srun_for_pyxis(monkeypatch, tmp_path):
     import shlex
+    import shutil
 
     from hpcddp.slurm import submission
 
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")  # "srun exists"
     config = from_dict({"run": {"dir": str(tmp_path)}, "slurm": {**APPTAINER, "gpus_per_node": 1}})
     setup = submission.executor_parameters(config.slurm)["slurm_setup"]
     assert setup[2:] == APPTAINER["setup"]
