@@ -22,7 +22,6 @@ after the run ended leaves at once (`ended_before`), before any rank starts.
 
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import pathlib
@@ -32,6 +31,7 @@ from collections.abc import Callable
 
 from hpcddp import exit_codes
 from hpcddp.config import SlurmConfig
+from hpcddp.slurm import run_end
 from hpcddp.storage import attempts, chain_record
 from hpcddp.storage.chain_record import ChainRecord
 
@@ -74,16 +74,10 @@ def submit_links(
 
 def run_ended(run_dir: str | os.PathLike[str], since: float) -> str:
     """ "completed", "failed (why)" or "": what a summary.json written since ``since`` says."""
-    path = pathlib.Path(run_dir) / "summary.json"
-    try:
-        if path.stat().st_mtime < since - 1:
-            return ""
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
+    end = run_end.read(run_dir, since)
+    if end is None or end.damaged:
         return ""
-    if isinstance(summary, dict) and summary.get("status") == "failed":
-        return f"failed ({summary.get('reason', 'see summary.json')})"
-    return "completed"
+    return f"failed ({end.reason})" if end.failed else "completed"
 
 
 @dataclasses.dataclass(frozen=True)

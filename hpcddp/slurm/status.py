@@ -8,13 +8,13 @@ hydra#1928).
 """
 
 import dataclasses
-import json
 import pathlib
 import pickle
 from typing import Any
 
 from hpcddp.errors import ConfigError
 from hpcddp.outcome import RunOutcome
+from hpcddp.slurm import run_end
 from hpcddp.slurm.index import JobRecord, find_records, jobs_dir
 from hpcddp.slurm.queue import LEFT_QUEUE, Runner, SlurmUnreachable, scontrol_record
 from hpcddp.storage import attempts
@@ -29,21 +29,13 @@ def file_outcome(record: JobRecord) -> str | None:
         return "FAILED"
     if result is not None and isinstance(result[1], RunOutcome) and not result[1].finished:
         return "STOPPED"
-    summary = pathlib.Path(record.run_dir) / "summary.json"
-    if summary.exists() and summary.stat().st_mtime >= record.submitted_at - 1:
-        return _summary_outcome(summary)
-    return None
-
-
-def _summary_outcome(path: pathlib.Path) -> str:
-    """COMPLETED, or FAILED for a run that stopped itself as failed (a non-finite loss)."""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
+    end = run_end.read(record.run_dir, since=record.submitted_at)
+    if end is None:
+        return None
+    if end.damaged:
         return "UNKNOWN (summary.json is damaged)"
-    if isinstance(summary, dict) and summary.get("status") == "failed":
-        return f"FAILED ({summary.get('reason', 'see summary.json')})"
-    return "COMPLETED"
+    # FAILED: a run that stopped itself as failed (a non-finite loss)
+    return f"FAILED ({end.reason})" if end.failed else "COMPLETED"
 
 
 def read_result(path: pathlib.Path) -> tuple[str, Any] | None:
