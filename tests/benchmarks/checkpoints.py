@@ -19,7 +19,11 @@ What is measured, side by side in one run, with MB = 10^6 bytes:
 - **Write throughput**: `CheckpointStore.save` of the state against a raw ``os.write`` of the
   same tensor bytes + ``fsync`` into the same directory, alternated, medians; and again while
   the trainer trains in 2 other processes (its background writes, from rank 0's log, against
-  raw writes made meanwhile by this process).
+  raw writes made meanwhile by this process). Neither arm deletes a file in its timed part,
+  nor finds a delete pending (`prunes_s`: the store keeps every checkpoint here, the raw arm
+  settles its own delete untimed; the background rate of the log is taken before the prune);
+  deleting an old checkpoint (`keep_checkpoints`) has a row of its own, which the writer
+  thread pays after a background save.
 - **Load**: a resume as the trainer does it (verify the digest in one read, map, copy into the
   model) against a raw read of the file, both with the file evicted from the page cache first
   (``posix_fadvise(DONTNEED)`` on that file only); medians.
@@ -68,6 +72,7 @@ from hpcddp.config import (
 )
 from hpcddp.storage import atomic, chunks, digest, mapped
 from hpcddp.storage.checkpoint import CheckpointStore
+from hpcddp.storage.checkpoint_names import SIDECAR_SUFFIX
 from tests.benchmarks import training
 
 SAVE_EVERY = 600  # steps between saves (about 3 s here): longer than a background write
@@ -136,7 +141,7 @@ def background_mb_s(run_dir: pathlib.Path) -> list[float]:
 
 
 def raw_write_s(state: dict, path: pathlib.Path) -> float:
-    """Seconds to write every tensor's bytes with os.write and fsync them."""
+    """Seconds to write every tensor's bytes into a new file with os.write and fsync them."""
     started = time.perf_counter()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -145,9 +150,7 @@ def raw_write_s(state: dict, path: pathlib.Path) -> float:
         os.fsync(fd)
     finally:
         os.close(fd)
-    elapsed = time.perf_counter() - started
-    path.unlink()
-    return elapsed
+    return time.perf_counter() - started  # the file stays: see `prunes_s`
 
 
 def _tensors(obj):
@@ -230,6 +233,7 @@ class Figures:
     stall_ms: dict[str, list[float]]
     save_s: list[float]
     raw_write_s: list[float]
+    prune_s: list[float]
     busy_store_mb_s: list[float]
     busy_raw_mb_s: list[float]
     resume_s: list[float]
@@ -244,7 +248,7 @@ def measure(size_mb: float, runs: int, work: pathlib.Path, every: int) -> Figure
     for arm, in_background in (("async", True), ("sync", False)):
         config = backbone_config(size_mb, work / arm / "run", in_background, every)
         stalls[arm] = stalls_ms(training.run_pair("trainer", config, work / arm), every)
-    store = CheckpointStore(work / "store", keep_last=1)
+    store = CheckpointStore(work / "store", keep_last=runs + 1)  # no prune while timed
     model = FrozenBackbone(size_mb)
     state = {"model": model.state_dict(), "progress": {"step": 1}}
     save_s, raw_s = [], []
@@ -252,8 +256,11 @@ def measure(size_mb: float, runs: int, work: pathlib.Path, every: int) -> Figure
         started = time.perf_counter()
         path = store.save(run, state)
         save_s.append(time.perf_counter() - started)
-        raw_s.append(raw_write_s(state, work / "raw.bin"))
+        raw_s.append(raw_write_s(state, work / f"raw-{run}.bin"))
+    prune_s = prunes_s(store)
+    delete_settled(work.glob("*raw-*.bin"))
     busy_store, busy_raw = _while_training(size_mb, state, work, every)
+    delete_settled(work.glob("*raw-*.bin"))
     resumes, reads = [], []
     for _ in range(runs):
         resumes.append(resume_s(store, path, model))
@@ -262,8 +269,36 @@ def measure(size_mb: float, runs: int, work: pathlib.Path, every: int) -> Figure
     rss = {how: peak_rss(path, size_mb, how) for how in ("mapped", "bytes")}
     pinned = pinned_over_state(model)
     return Figures(
-        size_mb, stalls, save_s, raw_s, busy_store, busy_raw, resumes, reads, hashing, rss, pinned
-    )
+        size_mb, stalls, save_s, raw_s, prune_s, busy_store, busy_raw, resumes, reads, hashing,
+        rss, pinned,
+    )  # fmt: skip
+
+
+def prunes_s(store: CheckpointStore) -> list[float]:
+    """Seconds to delete each checkpoint but the newest (payload and sidecar), one at a time,
+    with the ``sync`` that settles the delete.
+
+    Why apart from the write rows, where each arm writes a new file and deletes nothing: on a
+    filesystem mounted with ``discard`` (this machine's ext4) freed blocks are trimmed at the
+    next journal commit, paid by whichever write fsyncs next, and a thin-provisioned disk is
+    then slow to write those blocks again (2.8-3.0 s against 0.5 s for 1.1 GB here, when the raw
+    arm deleted and rewrote one file); an arm that deleted would time the disk's bookkeeping.
+    """
+    seconds = []
+    for _, path in store.list_complete()[:-1]:
+        started = time.perf_counter()
+        os.unlink(path)
+        os.unlink(f"{path}{SIDECAR_SUFFIX}")
+        os.sync()
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def delete_settled(paths) -> None:
+    """Delete ``paths`` and settle the deletes (``sync``), outside any timing."""
+    for path in list(paths):
+        path.unlink()
+    os.sync()
 
 
 DIGESTS = (digest.XXH3, digest.SHA256_CHUNKS)  # today's, the previous version's
@@ -306,7 +341,8 @@ def _while_training(size_mb: float, state: dict, work: pathlib.Path, every: int)
             time.sleep(0.1)
         # One write at least, even when a short (--quick) run ended first: a row, never a gap.
         while not raw or (not done.is_set() and len(raw) < SAVES):
-            raw.append(nbytes / 1e6 / raw_write_s(state, work / "busy-raw.bin"))
+            path = work / f"busy-raw-{len(raw)}.bin"
+            raw.append(nbytes / 1e6 / raw_write_s(state, path))
             time.sleep(1)
 
     writer = threading.Thread(target=write_meanwhile)
@@ -322,6 +358,7 @@ def _while_training(size_mb: float, state: dict, work: pathlib.Path, every: int)
 def report(f: Figures) -> str:
     mb = f.size_mb
     save, raw = statistics.median(f.save_s), statistics.median(f.raw_write_s)
+    prune = statistics.median(f.prune_s) if f.prune_s else float("nan")
     busy_store = statistics.median(f.busy_store_mb_s) if f.busy_store_mb_s else float("nan")
     busy_raw = statistics.median(f.busy_raw_mb_s) if f.busy_raw_mb_s else float("nan")
     resume, read = statistics.median(f.resume_s), statistics.median(f.raw_read_s)
@@ -337,6 +374,7 @@ def report(f: Figures) -> str:
         f"{first['sync']:>12.0f}{first['async'] / first['sync']:>8.2f}",
         f"{'write MB/s (store vs raw write+fsync)':<42}{mb / save:>12.0f}{mb / raw:>12.0f}"
         f"{raw / save:>8.2f}  >= 0.90",
+        f"{'  delete a checkpoint, s (keep_checkpoints)':<42}{prune:>12.2f}",
         f"{'write MB/s while training (bg vs raw)':<42}{busy_store:>12.0f}{busy_raw:>12.0f}"
         f"{busy_store / busy_raw:>8.2f}  >= 0.90",
         f"{'load s (verify+map+copy vs raw read)':<42}{resume:>12.2f}{read:>12.2f}"
@@ -359,11 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.checkpoints")
     parser.add_argument("--size-mb", type=float, default=1100.0)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="64 MB, 1 run: a smoke test")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="64 MB, 2 runs: a smoke test")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = parser.parse_args(argv)
-    size, runs, every = (64.0, 1, 40) if args.quick else (args.size_mb, args.runs, SAVE_EVERY)
+    size, runs, every = (64.0, 2, 40) if args.quick else (args.size_mb, args.runs, SAVE_EVERY)
     with tempfile.TemporaryDirectory(prefix="hpcddp-ckpt-bench-", dir=args.dir) as tmp:
         figures = measure(size, runs, pathlib.Path(tmp), every)
     print(report(figures), flush=True)

@@ -27,6 +27,7 @@ def test_checkpoint_benchmark_quick_prints_every_ratio(tmp_path):
     out = run("checkpoints", "--quick", "--dir", str(tmp_path))
     for row in ("stall per save", "write MB/s", "write MB/s while training", "load s"):
         assert re.search(rf"^{row}.*\s\d+\.\d\d\s+[<>]= \d\.\d\d$", out, re.M), out
+    assert re.search(r"^  delete a checkpoint, s \(keep_checkpoints\)\s+\d+\.\d\d$", out, re.M), out
     assert re.search(r"^peak RSS on resume.*\s\d\.\d\d\s+\d\.\d\d\s+<= 1\.10$", out, re.M), out
     assert re.search(r"^pinned bytes / state.*\s1\.0\d\s+\d\.\d\d\s+<= 1\.10$", out, re.M), out
     assert re.search(r"^digest GB/s \(xxh3-128 vs sha256 chunks\)(\s+\d+\.\d\d){3}$", out, re.M), (
