@@ -63,3 +63,11 @@ def test_startup_cpu_benchmark_prints_both_arms_and_the_ratio():
             out,
             re.M,
         ), out
+
+
+def test_survivor_handoff_benchmark_loses_no_step_and_ends_with_the_same_weights():
+    out = run("survivor_handoff", "--hidden", "64", "--steps", "24", "--every", "5",
+              "--die-at", "12", "--runs", "1")  # fmt: skip
+    # died at step 12: the checkpoint of step 10 loses 2 steps, the survivor's state none
+    assert re.search(r"^checkpoint(\s+\d+\.\d\d){2}\s+2\s+\d+\.\d\d  yes$", out, re.M), out
+    assert re.search(r"^hand-off(\s+\d+\.\d\d){2}\s+0\s+\d+\.\d\d  yes$", out, re.M), out
