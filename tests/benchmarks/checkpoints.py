@@ -93,7 +93,11 @@ class FrozenBackbone(nn.Module):
 
 
 def backbone_config(
-    size_mb: float, run_dir: pathlib.Path, in_background: bool, every: int = SAVE_EVERY
+    size_mb: float,
+    run_dir: pathlib.Path,
+    in_background: bool,
+    every: int = SAVE_EVERY,
+    keep: int = 1,
 ) -> Config:
     steps = every * SAVES + 1
     return Config(
@@ -112,7 +116,7 @@ def backbone_config(
             max_steps=steps,
             checkpoint_every_steps=every,
             checkpoint_async=in_background,
-            keep_checkpoints=1,
+            keep_checkpoints=keep,
             log_every_steps=1000,
         ),
         dist=DistConfig(backend="gloo", timeout_s=600),
@@ -330,7 +334,8 @@ def pinned_over_state(model: nn.Module) -> dict[str, float]:
 
 def _while_training(size_mb: float, state: dict, work: pathlib.Path, every: int):
     """The trainer's background write rates, and raw writes made here meanwhile (MB/s)."""
-    config = backbone_config(size_mb, work / "busy" / "run", True, every)
+    # every checkpoint kept, as every raw file is: neither arm pays for a delete (`prunes_s`)
+    config = backbone_config(size_mb, work / "busy" / "run", True, every, keep=SAVES + 2)
     done, raw = threading.Event(), []
     nbytes = sum(t.nbytes for t in _tensors(state))
 
