@@ -31,13 +31,17 @@ STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 class StopFlag:
     """Records stop signals; a second Ctrl-C raises KeyboardInterrupt for users who insist,
-    except while a checkpoint is being written (`shielded`): then it waits for the write."""
+    except while a checkpoint is being written (`shielded`): then it waits for the write; and
+    except once every rank has agreed to stop (`agreed`): the stop under way is the fastest
+    clean end. A rank that left on its own then would leave its peers failing in the stop's
+    collectives (a clean stop reported as a crash, exit 1 or SIGABRT, seen under load)."""
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
         self._previous: dict[int, Any] = {}
         self._shields = 0
         self.deferred = False  # a second Ctrl-C came while shielded
+        self.agreed = False  # every rank is stopping (`hpcddp.train.stopping`)
 
     def install(self) -> "StopFlag":
         """Take over the stop signals (main thread only)."""
@@ -65,7 +69,7 @@ class StopFlag:
             yield
         finally:
             self._shields -= 1
-        if self.deferred and not self._shields:
+        if self.deferred and not self._shields and not self.agreed:
             if finish is not None:
                 finish()
             self.deferred = False
@@ -73,7 +77,7 @@ class StopFlag:
 
     def _handle(self, signum: int, frame) -> None:
         if signum == signal.SIGINT and signal.SIGINT in self.seen:
-            if not self._shields:
+            if not self._shields and not self.agreed:
                 raise KeyboardInterrupt
             if not self.deferred:
                 log.info("Ctrl-C again: stopping once the checkpoint being written is complete")

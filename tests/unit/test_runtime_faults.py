@@ -359,6 +359,21 @@ def test_a_second_ctrl_c_outside_a_checkpoint_interrupts_at_once(stop_flag):
         ctrl_c()
 
 
+def test_once_every_rank_agreed_to_stop_a_second_ctrl_c_lets_the_stop_finish(stop_flag):
+    """Every rank is in the stop's collectives (drain, checkpoint wait, conclude): one rank
+    leaving on its own would fail the others (exit 1), or take the store with it (SIGABRT)."""
+    finished = []
+    ctrl_c()
+    stop_flag.agreed = True  # `Stopping.reason` returned the stop every rank voted for
+    ctrl_c()  # between two shields: no KeyboardInterrupt here
+    with preemption.shielded(finish=lambda: finished.append("write")):
+        ctrl_c()
+        finished.append("save")
+    ctrl_c()
+    assert finished == ["save"]  # no interrupt after the shield either: the stop goes on
+    assert stop_flag.deferred  # said once, on the console: "stopping once ... complete"
+
+
 def test_no_ctrl_c_means_the_shield_changes_nothing(stop_flag):
     with preemption.shielded(finish=lambda: pytest.fail("nothing to finish")):
         pass

@@ -73,3 +73,16 @@ def test_a_terminated_stop_is_not_requeued(tmp_path):
     assert (outcome.stop, outcome.requeued, outcome.step, outcome.finished) == (
         StopReason.TERMINATED, False, 3, False,
     )  # fmt: skip
+
+
+def test_a_stop_every_rank_voted_for_is_marked_agreed_on_the_flag(tmp_path):
+    """From then on a second Ctrl-C lets the stop finish (`StopFlag.agreed`)."""
+    decided = stopping(tmp_path, end=time.time() + 3600, seen={signal.SIGINT})
+    assert decided.reason(1, last=False) is None  # the vote is cast after step 1 ...
+    assert not decided.stop_flag.agreed
+    assert decided.reason(2, last=False) == StopReason.INTERRUPTED  # ... and read after step 2
+    assert decided.stop_flag.agreed
+    carrying_on = stopping(tmp_path, end=time.time() + 3600, seen=set())
+    assert carrying_on.reason(1, last=False) is None
+    assert carrying_on.reason(2, last=False) is None
+    assert not carrying_on.stop_flag.agreed
