@@ -49,9 +49,9 @@ class TrainingRun:
         device: torch.device,
         run_dir: pathlib.Path,
         stop_flag: preemption.StopFlag,
+        notices: RunNotices,
         attempt: Attempt | None = None,
         timeline: Timeline | None = None,
-        notices: RunNotices | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
         self.timeline = timeline or Timeline()
@@ -64,7 +64,7 @@ class TrainingRun:
         self.progress = Progress()
         self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
         self.train_ended = 0.0
-        self.notices = notices or RunNotices(cfg, env)  # rank 0 posts
+        self.notices = notices  # rank 0 posts
 
     def execute(self) -> RunOutcome:
         """Resume, train to the end (or a clean stop), then summarize."""

@@ -69,15 +69,20 @@ class StopFlag:
             yield
         finally:
             self._shields -= 1
-        if self.deferred and not self._shields and not self.agreed:
+        if self.deferred and self._interrupts_now():
             if finish is not None:
                 finish()
             self.deferred = False
             raise KeyboardInterrupt
 
+    def _interrupts_now(self) -> bool:
+        """Whether an insisting Ctrl-C ends this rank at once: no write to finish, no stop
+        every rank is already carrying out."""
+        return not self._shields and not self.agreed
+
     def _handle(self, signum: int, frame) -> None:
         if signum == signal.SIGINT and signal.SIGINT in self.seen:
-            if not self._shields and not self.agreed:
+            if self._interrupts_now():
                 raise KeyboardInterrupt
             if not self.deferred:
                 log.info("Ctrl-C again: stopping once the checkpoint being written is complete")

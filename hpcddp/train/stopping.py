@@ -85,15 +85,15 @@ class Stopping:
     def reason(self, step: int, last: bool) -> StopReason | None:
         """Read the vote cast after the previous step, then cast one if due (no waiting)."""
         agreed = self.vote.result()
-        if agreed or last:
-            if agreed and not last:
-                self.stop_flag.agreed = True  # a second Ctrl-C no longer cuts this stop short
-            return None if last else agreed
+        if last:
+            return None
         stop_after = self.cfg.train.stop_after_steps
-        if stop_after and step >= stop_after:
+        if not agreed and stop_after and step >= stop_after:
             log.info("stopping after step %d as asked (train.stop_after_steps)", step)
-            self.stop_flag.agreed = True
-            return StopReason.REQUESTED  # every rank knows this without a vote
+            agreed = StopReason.REQUESTED  # every rank knows this without a vote
+        if agreed:
+            self.stop_flag.agreed = True  # a second Ctrl-C no longer cuts this stop short
+            return agreed
         if self.vote.due(step):
             self.vote.cast(preemption.reason_of(self.stop_flag, self.deadline), step)
         return None

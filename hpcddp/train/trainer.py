@@ -148,9 +148,9 @@ class Trainer:
                     device,
                     run_dir,
                     stop_flag,
+                    notices,
                     attempt,
                     timeline,
-                    notices,
                 )
         except Exception as err:
             notices.failed(err, 0)

@@ -9,6 +9,15 @@ from tests.fixtures.webhook import Receiver
 TWO_STEPS = [*TINY, "train.log_every_steps=1"]
 
 
+def train_two_ranks(tmp_path, receiver: Receiver, factory: str, kwargs: str):
+    """``hpcddp train --nproc 2`` of the quickstart with ``factory``, told to ``receiver``."""
+    return run_cli(
+        "train", "examples/quickstart.yaml", f"run.dir={tmp_path / 'run'}", *TWO_STEPS,
+        f"model.factory={factory}", f"model.kwargs={kwargs}",
+        f"notify.url={receiver.url}", "--nproc", "2",
+    )  # fmt: skip
+
+
 def test_a_webhook_that_never_answers_delays_training_by_nothing_measurable(tmp_path):
     began = time.perf_counter()
     train_local(tmp_path / "quiet", *TWO_STEPS)
@@ -32,12 +41,8 @@ def test_a_webhook_that_never_answers_delays_training_by_nothing_measurable(tmp_
 
 def test_a_failed_run_is_told_once_with_what_failed(tmp_path):
     with Receiver() as receiver:
-        result = run_cli(
-            "train", "examples/quickstart.yaml", f"run.dir={tmp_path / 'run'}", *TWO_STEPS,
-            "model.factory=tests.fixtures.faulty_model:make_model",
-            "model.kwargs={rank: 0, at_call: 2, mode: raise}",
-            f"notify.url={receiver.url}", "--nproc", "2",
-        )  # fmt: skip
+        result = train_two_ranks(tmp_path, receiver, "tests.fixtures.faulty_model:make_model",
+                                 "{rank: 0, at_call: 2, mode: raise}")  # fmt: skip
         assert result.returncode != 0
         _, failed = receiver.wait_for(2)
         time.sleep(0.3)  # a duplicate would have arrived by now
@@ -49,12 +54,8 @@ def test_a_run_that_fails_while_being_built_is_told(tmp_path):
     """The model factory raises on rank 1, before any step: rank 0 still posts "failed", with
     the one line every rank agreed on (under --nproc or submitit no job script tells it)."""
     with Receiver() as receiver:
-        result = run_cli(
-            "train", "examples/quickstart.yaml", f"run.dir={tmp_path / 'run'}", *TWO_STEPS,
-            "model.factory=tests.fixtures.faulty_setup:make_model",
-            "model.kwargs={fail_on_rank: 1}",
-            f"notify.url={receiver.url}", "--nproc", "2",
-        )  # fmt: skip
+        result = train_two_ranks(tmp_path, receiver, "tests.fixtures.faulty_setup:make_model",
+                                 "{fail_on_rank: 1}")  # fmt: skip
         assert result.returncode == 1, result.stderr
         (failed,) = receiver.wait_for(1)
         time.sleep(0.3)  # a duplicate would have arrived by now
