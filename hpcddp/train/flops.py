@@ -52,7 +52,13 @@ def utilisation(
 ) -> dict[str, float]:
     """Achieved TFLOP/s per device and, with a known peak, the MFU (0..1)."""
     achieved = flops_per_sample * samples_per_s / max(devices, 1)
-    figures = {"tflops_per_device": round(achieved / 1e12, 4)}
+    figures = {"tflops_per_device": _significant(achieved / 1e12)}
     if peak:
-        figures["mfu"] = round(achieved / peak, 4)
+        figures["mfu"] = _significant(achieved / peak)
     return figures
+
+
+def _significant(value: float) -> float:
+    """``value`` to 4 significant digits: a small model on a busy CPU does 0.00004 TFLOP/s,
+    which 4 decimal places would log as 0."""
+    return float(f"{value:.4g}")
