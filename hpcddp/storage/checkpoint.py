@@ -21,10 +21,11 @@ inline_container.cc:672] . unexpected pos N vs M``, with no errno. The generic d
 machinery (temp files, fsyncs, renames) lives in ``hpcddp.storage.atomic``; this module decides
 names, sidecars, ordering, pruning and what resume may load.
 
-Loading verifies the digest in one streaming read (a fixed buffer, never the whole file in
-memory), which also leaves the file in the page cache, then maps it
-(`hpcddp.storage.mapped`): tensors view the cached pages instead of a copy. `verify` and
-`load_verified` are separate so that one process per node can verify for its neighbours.
+Loading maps the file (`hpcddp.storage.mapped`: tensors view the cached pages instead of a
+copy) and verifies the digest in one streaming read (a fixed buffer, never the whole file in
+memory) that can read the weights straight into the model on the way
+(`hpcddp.storage.into_place`). `verify` and `load_verified` are separate so that one process
+per node can verify for its neighbours.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import os
 import pathlib
 import shutil
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import IO, cast
 
@@ -43,6 +45,7 @@ import torch
 from hpcddp.errors import CheckpointError
 from hpcddp.storage import atomic, digest, mapped
 from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, SIDECAR_SUFFIX, file_name
+from hpcddp.storage.into_place import Piece
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +193,11 @@ class CheckpointStore:
 
     # -- loading --------------------------------------------------------------------------------
 
-    def verify(self, path: str | os.PathLike) -> None:
-        """Raise ``CheckpointError`` unless the bytes of ``path`` match its sidecar."""
-        _verify(pathlib.Path(path))
+    def verify(self, path: str | os.PathLike, into: Sequence[Piece] = ()) -> bool:
+        """Raise ``CheckpointError`` unless the bytes of ``path`` match its sidecar. With
+        ``into`` (`hpcddp.storage.into_place`), the same read fills those pieces; True when it
+        did (a digest of the current scheme), whether or not the file then verifies."""
+        return _verify(pathlib.Path(path), into)
 
     def load_verified(self, path: str | os.PathLike) -> dict:
         """Load ``path``, already verified, with tensors mapped from the file."""
@@ -316,8 +321,9 @@ def _old_digests(path: pathlib.Path) -> list[str]:
         return []  # The old payload was unverifiable anyway; nothing to preserve.
 
 
-def _verify(path: pathlib.Path) -> None:
-    """CheckpointError unless the digest of ``path`` is listed in its sidecar (one read)."""
+def _verify(path: pathlib.Path, into: Sequence[Piece]) -> bool:
+    """CheckpointError unless the digest of ``path`` is listed in its sidecar (one read, which
+    fills ``into`` when the first scheme tried is the current one: True then)."""
     sidecar = _sidecar(path)
     try:
         digests = _read_digests(sidecar)
@@ -329,11 +335,12 @@ def _verify(path: pathlib.Path) -> None:
         ) from exc
     try:
         # Usually one scheme; two only while a step written by an older version is replaced.
-        schemes = dict.fromkeys(digest.scheme_of(d) for d in reversed(digests))
+        schemes = list(dict.fromkeys(digest.scheme_of(d) for d in reversed(digests)))
+        filled = bool(into) and schemes[0] == digest.XXH3
         for scheme in schemes:
-            actual, size = digest.of_file(path, scheme)
+            actual, size = digest.of_file(path, scheme, into if scheme == schemes[0] else ())
             if actual in digests:
-                return
+                return filled
     except OSError as exc:
         raise CheckpointError(
             f"checkpoint {path} cannot be read: {exc}. HINT: check the filesystem and permissions."

@@ -24,12 +24,16 @@ Tokens in a sidecar name their scheme (`SCHEMES`):
 import hashlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from hpcddp.storage import atomic
+
+if TYPE_CHECKING:  # the pieces come from a mapped load; this module needs no torch
+    from hpcddp.storage.into_place import Piece
 
 XXH3 = "xxh3-128"
 SHA256_CHUNKS = "sha256-16MiB-chunks"
@@ -58,19 +62,44 @@ def stream_to_temp(path, produce: Callable[[atomic.HashingSink], None]) -> tuple
     return tmp, f"{WRITTEN}:{hexdigest}", size
 
 
-def of_file(path: os.PathLike, scheme: str = WRITTEN) -> tuple[str, int]:
-    """(token, size) of a file under ``scheme``, in one sequential read."""
+def of_file(
+    path: os.PathLike, scheme: str = WRITTEN, into: "Sequence[Piece]" = ()
+) -> tuple[str, int]:
+    """(token, size) of a file under ``scheme``, in one sequential read. Under XXH3 the bytes
+    of each of ``into`` (in file order, none overlapping) are read straight into its buffer and
+    hashed there (`hpcddp.storage.into_place`); the other schemes leave ``into`` alone."""
     if scheme == SHA256_CHUNKS:
         hexdigest, size = _sha256_chunks_of(path)
         return f"{SHA256_CHUNKS}:{hexdigest}", size
     hasher = xxhash.xxh3_128() if scheme == XXH3 else hashlib.sha256()
-    buffer = bytearray(_READ_BYTES)
-    view, size = memoryview(buffer), 0
+    scratch = memoryview(bytearray(_READ_BYTES))
     with open(path, "rb", buffering=0) as handle:
-        while n := handle.readinto(buffer):
-            hasher.update(view[:n])
-            size += n
+        size = 0
+        for piece in into if scheme == XXH3 else ():
+            size += _read_hashing(handle, hasher, scratch, piece.offset - size, reuse=True)
+            if size < piece.offset:
+                break  # the file ends before this piece: truncated, and the digest says so
+            size += _read_hashing(handle, hasher, piece.buffer, len(piece.buffer))
+        size += _read_hashing(handle, hasher, scratch, None, reuse=True)
     return (f"{XXH3}:" if scheme == XXH3 else "") + hasher.hexdigest(), size
+
+
+def _read_hashing(handle, hasher, buffer: memoryview, count: int | None, reuse=False) -> int:
+    """Read ``count`` bytes (None: to the end of the file) into ``buffer`` and hash them, a
+    chunk at a time (the disk reads ahead while a chunk is hashed). ``reuse``: refill the
+    buffer from its start for each chunk; otherwise fill it once, front to back. Returns the
+    bytes read, fewer than ``count`` where the file ends first."""
+    total = 0
+    while count is None or total < count:
+        start = 0 if reuse else total
+        want = _READ_BYTES if count is None else min(_READ_BYTES, count - total)
+        chunk = buffer[start : start + want]
+        n = handle.readinto(chunk)
+        if not n:
+            break
+        hasher.update(chunk[:n])
+        total += n
+    return total
 
 
 def combine(chunk_hex: list[str]) -> str:

@@ -12,7 +12,7 @@ dropped page would only be read again from the unchanged file.
 import ctypes
 import mmap
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -74,21 +74,31 @@ def materialize(obj: Any) -> Any:
     return obj
 
 
-def copy_into(destination: dict[str, torch.Tensor], loaded: Mapping[str, Any]) -> bool:
-    """Copy ``loaded`` into ``destination`` (a module's ``state_dict()``), releasing as it goes.
+def copy_into(
+    destination: dict[str, torch.Tensor], loaded: Mapping[str, Any], done: Collection[str] = ()
+) -> bool:
+    """Copy ``loaded`` into ``destination`` (a module's ``state_dict()``), releasing as it goes;
+    the keys in ``done`` are already in place (`hpcddp.storage.into_place`).
 
     Returns False, copying nothing, when keys or shapes differ: the caller then lets
     ``load_state_dict`` say exactly what does not fit.
     """
-    if destination.keys() != loaded.keys() or any(
-        not isinstance(loaded[k], torch.Tensor) or loaded[k].shape != v.shape
-        for k, v in destination.items()
-    ):
+    if not fits(destination, loaded):
         return False
     with torch.no_grad():
         for key, target in destination.items():
-            copy_released(target, loaded[key])
+            if key not in done:
+                copy_released(target, loaded[key])
     return True
+
+
+def fits(destination: dict[str, torch.Tensor], loaded: Mapping[str, Any]) -> bool:
+    """Whether ``loaded`` has a tensor of the same shape for each key of ``destination``, and
+    nothing else."""
+    return destination.keys() == loaded.keys() and all(
+        isinstance(loaded[k], torch.Tensor) and loaded[k].shape == v.shape
+        for k, v in destination.items()
+    )
 
 
 def copy_released(target: torch.Tensor, source: torch.Tensor) -> None:

@@ -7,11 +7,13 @@ save, a stop and the end of training first wait for that write; its failure reac
 then, as the same error. The ranks that wait for rank 0 wait on the side group with a timeout
 that fits the checkpoint's size (`hpcddp.comm.waiting`), never tripping ``dist.timeout_s``.
 
-Resuming: local rank 0 of each node verifies the newest checkpoint's digest (one read of the
-file per node, through that node's page cache) while every rank maps the file and copies each
-tensor where it belongs, letting go of the mapped pages as it goes (`hpcddp.storage.mapped`),
-so a rank holds its training state plus one chunk. Only when every node's check passed is the
-rest (optimizer, scheduler, RNG, progress) restored; otherwise the next older one is tried.
+Resuming: local rank 0 of each node verifies the newest checkpoint's digest in one read of the
+file per node, which reads the weights straight into its model on the way
+(`hpcddp.storage.into_place`); every other rank maps the file and copies each tensor where it
+belongs from the node's page cache, letting go of the mapped pages as it goes
+(`hpcddp.storage.mapped`), so a rank holds its training state plus one chunk. Only when
+every node's check passed is the rest (optimizer, scheduler, RNG, progress) restored;
+otherwise the next older one is tried.
 """
 
 import concurrent.futures
@@ -28,7 +30,7 @@ from hpcddp.comm.sidegroup import side_group
 from hpcddp.config import TrainConfig
 from hpcddp.errors import CheckpointError, ConfigError, DistributedError, agreed
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.storage import mapped
+from hpcddp.storage import into_place, mapped
 from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.storage.misfit import describe as misfit_of
 from hpcddp.storage.snapshot import Snapshot
@@ -180,23 +182,28 @@ class Checkpointer:
     def _try(self, step: int, path: pathlib.Path) -> Progress | None:
         """Resume from ``path`` if every node's check of it passes; None to try an older one.
 
-        Local rank 0 of each node hashes the file on a helper thread while every rank maps it
-        and copies the weights into the model, so the read for the check and the copy overlap
-        (both come through the node's page cache). Nothing else is restored before the verdict,
-        and a rejected file's weights are overwritten by the next candidate's.
+        Every rank maps the file and copies the weights into the model; local rank 0 of each
+        node checks the digest in one read that puts the weights in place on the way
+        (`hpcddp.storage.into_place`), so its copy is that read, and its neighbours copy from
+        the pages it brings into the node's cache. Nothing else is restored before the
+        verdict, and a rejected file's weights are overwritten by the next candidate's.
         """
-        with concurrent.futures.ThreadPoolExecutor(1, "hpcddp-verify") as pool:
-            check = pool.submit(self.store.verify, path) if self.env.local_rank == 0 else None
-            state = self._loadable(path)
-            if state is not None:
-                _check_world_size(self.run_dir, step, state["world_size"], self.env.world_size)
-                self._copy_weights(step, state["model"])
-            problem = None if state is not None else "it does not load safely"
+        state = self._loadable(path)
+        problem = None if state is not None else "it does not load safely"
+        if state is not None:
+            _check_world_size(self.run_dir, step, state["world_size"], self.env.world_size)
+        placed: list[into_place.Piece] = []
+        if self.env.local_rank == 0:
+            weights, loaded = self.trained.model.state_dict(), state["model"] if state else {}
+            pieces = (
+                into_place.pieces(path, weights, loaded) if mapped.fits(weights, loaded) else []
+            )
             try:
-                if check is not None:
-                    check.result()
+                placed = pieces if self.store.verify(path, pieces) else []
             except CheckpointError as err:
                 problem = str(err)
+        if state is not None:
+            self._copy_weights(step, state["model"], done={piece.key for piece in placed})
         problems = [p for p in collectives.all_gather_object(problem) if p]
         if problems:
             log.warning("skipping checkpoint %s: %s", path, problems[0])
@@ -204,13 +211,14 @@ class Checkpointer:
         assert state is not None  # every rank loaded it, or some rank had a problem
         return self._load_rest(step, state)
 
-    def _copy_weights(self, step: int, weights: dict[str, Any]) -> None:
-        """The checkpoint's weights into the model, or one line on what does not fit.
+    def _copy_weights(self, step: int, weights: dict[str, Any], done: set[str]) -> None:
+        """The checkpoint's weights into the model (those in ``done`` are there already), or
+        one line on what does not fit.
 
         Every rank loads the same file into the same model, so every rank refuses alike.
         """
         target = self.trained.model.state_dict()
-        if mapped.copy_into(target, weights):
+        if mapped.copy_into(target, weights, done):
             return
         misfit = misfit_of(target, weights)
         if misfit is None:  # same names and shapes, but not all tensors (a module's extra state)

@@ -24,8 +24,9 @@ What is measured, side by side in one run, with MB = 10^6 bytes:
   settles its own delete untimed; the background rate of the log is taken before the prune);
   deleting an old checkpoint (`keep_checkpoints`) has a row of its own, which the writer
   thread pays after a background save.
-- **Load**: a resume as the trainer does it (verify the digest in one read, map, copy into the
-  model) against a raw read of the file, both with the file evicted from the page cache first
+- **Load**: a resume as the trainer's local rank 0 does it (map the file, verify the digest
+  in one read that puts the weights in place, `hpcddp.storage.into_place`) against a raw read
+  of the file, both with the file evicted from the page cache first
   (``posix_fadvise(DONTNEED)`` on that file only); medians.
 - **Digest**: `digest.of_file` of the checkpoint, in the page cache, under today's scheme
   (XXH3-128) against the previous one (sha256 of 16 MiB chunks on 2 threads); medians, GB/s.
@@ -42,7 +43,6 @@ training); load <= 1.2x raw read; peak RSS <= 1.1x the state. Issue 15: pinned <
 """
 
 import argparse
-import concurrent.futures
 import contextlib
 import dataclasses
 import io
@@ -70,7 +70,7 @@ from hpcddp.config import (
     RunConfig,
     TrainConfig,
 )
-from hpcddp.storage import atomic, chunks, digest, mapped
+from hpcddp.storage import atomic, chunks, digest, into_place, mapped
 from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.storage.checkpoint_names import SIDECAR_SUFFIX
 from tests.benchmarks import training
@@ -186,15 +186,18 @@ def raw_read_s(path: pathlib.Path) -> float:
 
 
 def resume_s(store: CheckpointStore, path: pathlib.Path, model: nn.Module) -> float:
-    """A resume as `Checkpointer._try` does it: hash on a helper thread, map and copy here."""
+    """A resume as `Checkpointer._try` does it on local rank 0: map the file, read the weights
+    into the model while verifying it, copy what was not read in place."""
     evict(path)
+    with torch.no_grad():
+        for weight in model.state_dict().values():
+            weight.zero_()  # the weights must come from the file, wherever they are read
     started = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        check = pool.submit(store.verify, path)
-        state = store.load_verified(path)
-        if not mapped.copy_into(model.state_dict(), state["model"]):
-            raise RuntimeError("the checkpoint does not fit the model")
-        check.result()
+    weights, loaded = model.state_dict(), store.load_verified(path)["model"]
+    pieces = into_place.pieces(path, weights, loaded)
+    placed = store.verify(path, pieces)
+    if not mapped.copy_into(weights, loaded, {p.key for p in pieces} if placed else ()):
+        raise RuntimeError("the checkpoint does not fit the model")
     return time.perf_counter() - started
 
 

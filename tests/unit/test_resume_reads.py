@@ -29,7 +29,9 @@ def test_only_local_rank_zero_reads_the_file_to_verify_it(tmp_path, monkeypatch,
     verified = []
     real_verify = CheckpointStore.verify
     monkeypatch.setattr(
-        CheckpointStore, "verify", lambda s, p: verified.append(p) or real_verify(s, p)
+        CheckpointStore,
+        "verify",
+        lambda s, p, into=(): verified.append(p) or real_verify(s, p, into),
     )
     here = dataclasses.replace(env, local_rank=local_rank)
     fresh = trained()
