@@ -7,6 +7,7 @@ pyproject.toml); `tests.fixtures.sharing` says what must not overlap and how it 
 """
 
 import compileall
+import importlib.util
 import os
 import pathlib
 
@@ -29,26 +30,43 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Compile the code every test process imports, and boot the Slurm clusters this run needs
-    in the background: once, in the controller (not in each worker)."""
+    """Boot the Slurm clusters this run needs in the background, and meanwhile compile the
+    code every test process imports: once, in the controller (not in each worker)."""
     if sharing.in_worker() or session.config.option.collectonly:
         return
+    if os.geteuid() == 0:  # without root the Slurm fixtures say why they cannot start a cluster
+        paths = [pathlib.Path(arg.split("::")[0]) for arg in session.config.args]
+        clusters = cluster_boot.needed(paths, session.config.option.markexpr or "")
+        if clusters:
+            cluster_boot.boot_in_background(clusters)
     _compile_once()
-    if os.geteuid() != 0:
-        return  # without root the Slurm fixtures say why they cannot start a cluster
-    paths = [pathlib.Path(arg.split("::")[0]) for arg in session.config.args]
-    clusters = cluster_boot.needed(paths, session.config.option.markexpr or "")
-    if clusters:
-        cluster_boot.boot_in_background(clusters)
 
 
 def _compile_once() -> None:
-    """Write the bytecode of hpcddp, its examples and tests/ once. Under
+    """Write the bytecode every test process reads, once, on every core. Under
     PYTHONDONTWRITEBYTECODE=1 (set on some machines, this one included) no process writes it,
     so each of the suite's thousands of Pythons (ranks, launchers, helpers) would compile
-    hpcddp again: about 0.09 CPU-s each."""
-    for folder in ("hpcddp", "examples", "tests"):
-        compileall.compile_dir(REPO / folder, quiet=1)
+    hpcddp again (about 0.09 CPU-s each), and torch without its bytecode many times that.
+    The README's command installs with ``pip --no-compile``: pip compiles the installed
+    packages on one core (32 s of the install here), this on all of them. A venv that pip
+    compiled (torch has its bytecode) is not walked again."""
+    folders = [REPO / folder for folder in ("hpcddp", "examples", "tests")]
+    torch_init = pathlib.Path(_torch_init())
+    if not _has_bytecode(torch_init):
+        folders.append(torch_init.parents[1])  # site-packages: every installed package
+    for folder in folders:
+        # a few packages ship files that do not compile (templates, Python 2 examples)
+        compileall.compile_dir(folder, quiet=2, workers=0)
+
+
+def _torch_init() -> str:
+    spec = importlib.util.find_spec("torch")
+    assert spec is not None and spec.origin is not None, "torch is not installed"
+    return spec.origin
+
+
+def _has_bytecode(source: pathlib.Path) -> bool:
+    return pathlib.Path(importlib.util.cache_from_source(str(source))).exists()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -49,8 +49,17 @@ def _bus_id(props: object) -> str:
     return f"{domain:04x}:{bus:02x}:{device:02x}.0"
 
 
-def visible_gpus() -> tuple[Gpu, ...]:
-    """The GPUs this process sees, in CUDA's order (none without torch or CUDA)."""
+# Device files a GPU torch can use needs: NVIDIA's driver, ROCm's (torch.cuda runs on HIP
+# there) and WSL's. On a machine with none of them, no torch could see a GPU.
+GPU_DEVICE_FILES = ("nvidia", "kfd", "dxg")
+
+
+def visible_gpus(dev: str = "/dev") -> tuple[Gpu, ...]:
+    """The GPUs this process sees, in CUDA's order (none without torch or CUDA). On a machine
+    without GPU device files torch is not asked: importing it costs 1.5 CPU-s, and a login
+    node's ``hpcddp env`` would pay that to learn there is none."""
+    if not has_gpu_device_files(dev):
+        return ()
     try:
         import torch
     except ImportError:
@@ -130,8 +139,15 @@ def why_no_gpu(environ: Mapping[str, str]) -> str:
         torch_cuda = torch.version.cuda
     except ImportError:
         torch_cuda = None
-    files = os.path.isdir("/dev") and any(n.startswith("nvidia") for n in os.listdir("/dev"))
-    return no_gpu_reason(environ, torch_cuda, files)
+    return no_gpu_reason(environ, torch_cuda, has_gpu_device_files("/dev", ("nvidia",)))
+
+
+def has_gpu_device_files(dev: str = "/dev", prefixes: tuple[str, ...] = GPU_DEVICE_FILES) -> bool:
+    """Whether ``dev`` holds a GPU driver's device files (``nvidia0``, ``nvidiactl``, ``kfd``)."""
+    try:
+        return any(name.startswith(prefixes) for name in os.listdir(dev))
+    except OSError:
+        return False
 
 
 # -- the rule ----------------------------------------------------------------------------------

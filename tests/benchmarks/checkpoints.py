@@ -385,7 +385,7 @@ def report(f: Figures) -> str:
         f"{'  delete a checkpoint, s (keep_checkpoints)':<42}{prune:>12.2f}",
         f"{'write MB/s while training (bg vs raw)':<42}{busy_store:>12.0f}{busy_raw:>12.0f}"
         f"{busy_store / busy_raw:>8.2f}  >= 0.90",
-        f"{'load s (verify+map+copy vs raw read)':<42}{resume:>12.2f}{read:>12.2f}"
+        f"{'load s (read into place vs raw read)':<42}{resume:>12.2f}{read:>12.2f}"
         f"{resume / read:>8.2f}  <= 1.20",
         f"{'digest GB/s (xxh3-128 vs sha256 chunks)':<42}{new:>12.2f}{old:>12.2f}{new / old:>8.2f}",
         f"{'peak RSS on resume / state (vs read_bytes)':<42}{f.rss['mapped']:>12.2f}"

@@ -11,6 +11,7 @@ import pytest
 
 from hpcddp.comm.rendezvous import Hello, plan_devices
 from hpcddp.errors import LaunchError
+from hpcddp.launch import gpus
 from hpcddp.launch.resolve import place, resolve_env
 from tests.fixtures.gpu_nodes import mig_gpus, node_gpus, seen_through, slurm_task
 
@@ -286,3 +287,14 @@ def test_the_meeting_gives_each_rank_the_device_rank_0_assigned():
         2: ("cuda:0", "cuda:1"),  # socket 0's second rank: its second GPU, not rank 0's
         3: ("cuda:1", "cuda:1"),
     }
+
+
+def test_a_machine_without_gpu_device_files_sees_no_gpu_without_asking_torch(tmp_path):
+    assert gpus.visible_gpus(str(tmp_path)) == ()  # empty /dev: torch is not imported
+    for name in ("nvidia0", "kfd", "dxg"):
+        (tmp_path / name).touch()
+        assert gpus.has_gpu_device_files(str(tmp_path))
+        (tmp_path / name).unlink()
+    (tmp_path / "nvme0").touch()
+    assert not gpus.has_gpu_device_files(str(tmp_path))
+    assert not gpus.has_gpu_device_files(str(tmp_path / "missing"))

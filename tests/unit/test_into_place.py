@@ -68,7 +68,7 @@ def test_a_weight_the_read_does_not_place_is_copied_and_the_model_still_matches(
 
 @pytest.mark.parametrize("damage", ["flip a weight's byte", "truncate"])
 def test_a_damaged_file_is_refused_by_the_read_that_places_it(tmp_path, damage):
-    model, store, path = saved(tmp_path)
+    _, store, path = saved(tmp_path)
     fresh = Tied()
     loaded = store.load_verified(path)["model"]
     pieces = into_place.pieces(path, fresh.state_dict(), loaded)

@@ -14,6 +14,7 @@ import tomllib
 
 import pytest
 
+from hpcddp.launch import gpus
 from hpcddp.storage import sweep_manifest
 from tests.fixtures.helpers import REPO
 
@@ -135,6 +136,7 @@ echo "JobId=123 JobName=hpcddp JobState=RUNNING NodeList=n1 StdOut=$0.out StdErr
         (["sweep", "--help"], set()),
         (["status", "SWEEP_DIR"], set()),
         (["report", "--help"], set()),
+        (["env"], {"torch", "numpy"} if gpus.has_gpu_device_files() else set()),  # a GPU node's
     ],
 )
 def test_login_commands_start_without_torch(argv, allowed, tmp_path):
