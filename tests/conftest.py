@@ -26,7 +26,7 @@ LONGEST = pathlib.Path(__file__).parent / "longest.txt"
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two workers per core (``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides it)."""
-    return sharing.worker_count(os.cpu_count())
+    return sharing.worker_count(os.cpu_count(), os.environ)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -76,6 +76,8 @@ def of_file(
     with open(path, "rb", buffering=0) as handle:
         size = 0
         for piece in into if scheme == XXH3 else ():
+            if piece.offset < size:
+                raise ValueError(f"pieces out of file order or overlapping at {piece.offset}")
             size += _read_hashing(handle, hasher, scratch, piece.offset - size, reuse=True)
             if size < piece.offset:
                 break  # the file ends before this piece: truncated, and the digest says so

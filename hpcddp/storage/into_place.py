@@ -79,16 +79,13 @@ def file_offsets(path: str | os.PathLike, tensors: list[torch.Tensor]) -> list[i
     offsets: list[int | None] = []
     for tensor in tensors:
         start = tensor.data_ptr()
-        where = next(
-            (offset + start - low for low, high, offset in regions if low <= start < high), None
-        )
-        fits = where is not None and start + tensor.nbytes <= _end_of(regions, start)
-        offsets.append(where if fits else None)
+        region = next((r for r in regions if r[0] <= start < r[1]), None)
+        if region is None or start + tensor.nbytes > region[1]:
+            offsets.append(None)
+        else:
+            low, _, offset = region
+            offsets.append(offset + start - low)
     return offsets
-
-
-def _end_of(regions: list[tuple[int, int, int]], address: int) -> int:
-    return next(high for low, high, _ in regions if low <= address < high)
 
 
 def _mappings_of(path: str | os.PathLike) -> list[tuple[int, int, int]]:

@@ -8,8 +8,8 @@ then, as the same error. The ranks that wait for rank 0 wait on the side group w
 that fits the checkpoint's size (`hpcddp.comm.waiting`), never tripping ``dist.timeout_s``.
 
 Resuming: local rank 0 of each node verifies the newest checkpoint's digest in one read of the
-file per node, which reads the weights straight into its model on the way
-(`hpcddp.storage.into_place`); every other rank maps the file and copies each tensor where it
+file per node, which reads the weights straight into its model on the way where they fit
+(`hpcddp.storage.into_place`); every rank maps the file and copies each other tensor where it
 belongs from the node's page cache, letting go of the mapped pages as it goes
 (`hpcddp.storage.mapped`), so a rank holds its training state plus one chunk. Only when
 every node's check passed is the rest (optimizer, scheduler, RNG, progress) restored;
@@ -182,28 +182,28 @@ class Checkpointer:
     def _try(self, step: int, path: pathlib.Path) -> Progress | None:
         """Resume from ``path`` if every node's check of it passes; None to try an older one.
 
-        Every rank maps the file and copies the weights into the model; local rank 0 of each
-        node checks the digest in one read that puts the weights in place on the way
-        (`hpcddp.storage.into_place`), so its copy is that read, and its neighbours copy from
-        the pages it brings into the node's cache. Nothing else is restored before the
-        verdict, and a rejected file's weights are overwritten by the next candidate's.
+        Local rank 0 of each node checks the digest on a helper thread, in one read that puts
+        the weights it can straight into the model (`_in_place`); meanwhile every rank copies
+        the others from the mapped file, through the node's page cache. Nothing else is
+        restored before the verdict; a rejected file's weights are overwritten by the next's.
         """
         state = self._loadable(path)
         problem = None if state is not None else "it does not load safely"
         if state is not None:
             _check_world_size(self.run_dir, step, state["world_size"], self.env.world_size)
-        placed: list[into_place.Piece] = []
-        if self.env.local_rank == 0:
-            weights, loaded = self.trained.model.state_dict(), state["model"] if state else {}
-            pieces = (
-                into_place.pieces(path, weights, loaded) if mapped.fits(weights, loaded) else []
-            )
+        local_zero = self.env.local_rank == 0
+        pieces = _in_place(path, self.trained.model, state) if local_zero else []
+        planned = {piece.key for piece in pieces}
+        with concurrent.futures.ThreadPoolExecutor(1, "hpcddp-verify") as pool:
+            check = pool.submit(self.store.verify, path, pieces) if local_zero else None
+            if state is not None:
+                self._copy_weights(step, state["model"], done=planned)
             try:
-                placed = pieces if self.store.verify(path, pieces) else []
+                placed = check.result() if check is not None else True
             except CheckpointError as err:
-                problem = str(err)
-        if state is not None:
-            self._copy_weights(step, state["model"], done={piece.key for piece in placed})
+                problem, placed = str(err), True
+        if state is not None and not placed:  # an older digest: nothing was read in place
+            self._copy_weights(step, state["model"], done=set(state["model"]) - planned)
         problems = [p for p in collectives.all_gather_object(problem) if p]
         if problems:
             log.warning("skipping checkpoint %s: %s", path, problems[0])
@@ -254,6 +254,17 @@ class Checkpointer:
         progress = Progress(**state["progress"])
         log.info("resumed from step %d (epoch %d, batch %d)", step, progress.epoch, progress.batch)
         return progress
+
+
+def _in_place(
+    path: pathlib.Path, model: torch.nn.Module, state: dict[str, Any] | None
+) -> list[into_place.Piece]:
+    """The weights to read straight into ``model``; none when the checkpoint's do not fit
+    (`Checkpointer._copy_weights` then says how)."""
+    weights = model.state_dict()
+    if state is None or not mapped.fits(weights, state["model"]):
+        return []
+    return into_place.pieces(path, weights, state["model"])
 
 
 def _check_world_size(run_dir: pathlib.Path, step: int, saved: int, world_size: int) -> None:

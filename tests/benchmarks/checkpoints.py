@@ -43,6 +43,7 @@ training); load <= 1.2x raw read; peak RSS <= 1.1x the state. Issue 15: pinned <
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import io
@@ -187,7 +188,7 @@ def raw_read_s(path: pathlib.Path) -> float:
 
 def resume_s(store: CheckpointStore, path: pathlib.Path, model: nn.Module) -> float:
     """A resume as `Checkpointer._try` does it on local rank 0: map the file, read the weights
-    into the model while verifying it, copy what was not read in place."""
+    into the model while verifying it (a helper thread), copy what is not read in place."""
     evict(path)
     with torch.no_grad():
         for weight in model.state_dict().values():
@@ -195,9 +196,12 @@ def resume_s(store: CheckpointStore, path: pathlib.Path, model: nn.Module) -> fl
     started = time.perf_counter()
     weights, loaded = model.state_dict(), store.load_verified(path)["model"]
     pieces = into_place.pieces(path, weights, loaded)
-    placed = store.verify(path, pieces)
-    if not mapped.copy_into(weights, loaded, {p.key for p in pieces} if placed else ()):
-        raise RuntimeError("the checkpoint does not fit the model")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        check = pool.submit(store.verify, path, pieces)
+        if not mapped.copy_into(weights, loaded, {p.key for p in pieces}):
+            raise RuntimeError("the checkpoint does not fit the model")
+        if not check.result():
+            raise RuntimeError("the weights were not read in place (an older digest?)")
     return time.perf_counter() - started
 
 

@@ -8,6 +8,7 @@ import torch
 from hpcddp.comm import waiting
 from hpcddp.config import TrainConfig
 from hpcddp.launch.resolve import resolve_env
+from hpcddp.storage import mapped
 from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.state import Progress
@@ -58,3 +59,25 @@ def test_a_background_save_is_waited_for_and_then_loads(tmp_path):
 def test_the_wait_for_a_write_grows_with_the_state():
     assert waiting.write_timeout_s(300.0, 0) == 300.0
     assert waiting.write_timeout_s(300.0, 100 * 10**9) == pytest.approx(300.0 + 4000.0)
+
+
+@pytest.mark.parametrize("local_rank, in_place", [(0, {"weight", "bias"}), (1, set())])
+def test_local_rank_zero_reads_the_weights_into_the_model_as_it_verifies(
+    tmp_path, monkeypatch, local_rank, in_place
+):
+    env = resolve_env({}, cuda_devices=lambda: 0)
+    saver = Checkpointer(tmp_path, TrainConfig(checkpoint_async=False), 300.0, env, trained())
+    saver.save(Progress(step=3), epoch_done=False)
+    skipped = []
+    real_copy = mapped.copy_into
+    monkeypatch.setattr(
+        mapped,
+        "copy_into",
+        lambda d, s, done=(): skipped.append(set(done)) or real_copy(d, s, done),
+    )
+    fresh = trained()
+    here = dataclasses.replace(env, local_rank=local_rank)
+    assert Checkpointer(tmp_path, TrainConfig(), 300.0, here, fresh).resume() is not None
+    assert skipped == [in_place]  # what the copy left to the verifying read
+    assert torch.equal(fresh.model.weight, saver.trained.model.weight)
+    assert torch.equal(fresh.model.bias, saver.trained.model.bias)

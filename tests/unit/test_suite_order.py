@@ -4,7 +4,7 @@ import ast
 import pathlib
 
 from tests.conftest import longest_tests
-from tests.fixtures import cluster_boot
+from tests.fixtures import cluster_boot, sharing
 from tests.fixtures.helpers import REPO
 
 MAIN, SPARE = (cluster_boot.MAIN_INSTANCE, None), (cluster_boot.SPARE_INSTANCE, 3)
@@ -30,3 +30,10 @@ def test_the_clusters_booted_are_those_the_run_needs():
     assert cluster_boot.needed([tests], "not slurm") == []
     relative = pathlib.Path("tests/slurm/test_sbatch.py")  # as typed in the repository root
     assert cluster_boot.needed([REPO / relative], "") == [MAIN]
+
+
+def test_the_worker_count_is_two_per_core_unless_the_environment_chooses():
+    assert sharing.worker_count(2, {}) == 4
+    assert sharing.worker_count(1, {}) == 2 and sharing.worker_count(64, {}) == 8
+    assert sharing.worker_count(2, {"PYTEST_XDIST_AUTO_NUM_WORKERS": "3"}) == 3
+    assert sharing.worker_count(2, {"PYTEST_XDIST_AUTO_NUM_WORKERS": "x"}) == 4
