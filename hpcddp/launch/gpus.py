@@ -49,8 +49,8 @@ def _bus_id(props: object) -> str:
     return f"{domain:04x}:{bus:02x}:{device:02x}.0"
 
 
-# Device files a GPU torch can use needs: NVIDIA's driver, ROCm's (torch.cuda runs on HIP
-# there) and WSL's. On a machine with none of them, no torch could see a GPU.
+# The device files through which torch reaches a GPU: NVIDIA's driver's, ROCm's (torch.cuda
+# runs on HIP there) and WSL's. On a machine with none of them, no torch can see a GPU.
 GPU_DEVICE_FILES = ("nvidia", "kfd", "dxg")
 
 
