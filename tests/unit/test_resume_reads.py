@@ -22,11 +22,17 @@ def trained():
     return Trained(model, optimizer, scheduler, None)
 
 
-@pytest.mark.parametrize("local_rank, reads", [(0, 1), (1, 0)])
-def test_only_local_rank_zero_reads_the_file_to_verify_it(tmp_path, monkeypatch, local_rank, reads):
+def saved_at_step_3(tmp_path):
+    """(a plain process's environment, the Checkpointer that saved step 3 synchronously)."""
     env = resolve_env({}, cuda_devices=lambda: 0)
     saver = Checkpointer(tmp_path, TrainConfig(checkpoint_async=False), 300.0, env, trained())
     saver.save(Progress(step=3), epoch_done=False)
+    return env, saver
+
+
+@pytest.mark.parametrize("local_rank, reads", [(0, 1), (1, 0)])
+def test_only_local_rank_zero_reads_the_file_to_verify_it(tmp_path, monkeypatch, local_rank, reads):
+    env, saver = saved_at_step_3(tmp_path)
     verified = []
     real_verify = CheckpointStore.verify
     monkeypatch.setattr(
@@ -65,9 +71,7 @@ def test_the_wait_for_a_write_grows_with_the_state():
 def test_local_rank_zero_reads_the_weights_into_the_model_as_it_verifies(
     tmp_path, monkeypatch, local_rank, in_place
 ):
-    env = resolve_env({}, cuda_devices=lambda: 0)
-    saver = Checkpointer(tmp_path, TrainConfig(checkpoint_async=False), 300.0, env, trained())
-    saver.save(Progress(step=3), epoch_done=False)
+    env, saver = saved_at_step_3(tmp_path)
     skipped = []
     real_copy = mapped.copy_into
     monkeypatch.setattr(
