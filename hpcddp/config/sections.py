@@ -2,8 +2,8 @@
 
 Every section is a keyword-only dataclass whose ``__post_init__`` rejects values that cannot
 work, so a typo fails at start-up instead of an hour into the job. Each field's help lives in
-its metadata (`setting`), which is where ``hpcddp train --help-config`` and the README's
-configuration reference read it from.
+its metadata (`setting`), which is where ``hpcddp train --help-config`` and the configuration
+reference in docs/configuration.md read it from.
 """
 
 import dataclasses

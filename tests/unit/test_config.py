@@ -132,16 +132,16 @@ def test_help_config_lists_every_key_with_type_default_and_help(capsys):
         assert line.split()[1] == type_name(field_types(owner)[field.name])
 
 
-def test_the_readme_reference_is_generated_from_the_fields():
-    readme = (REPO / "README.md").read_text()
-    assert reference.as_markdown() in readme, (
-        "the README's configuration reference is stale. "
-        "HINT: run `python -m hpcddp.config.reference README.md` and commit the result."
+def test_the_docs_reference_is_generated_from_the_fields():
+    page = (REPO / reference.PAGE).read_text()
+    assert reference.as_markdown() in page, (
+        f"the configuration reference in {reference.PAGE} is stale. "
+        "HINT: run `python -m hpcddp.config.reference` and commit the result."
     )
 
 
 def test_regenerating_the_reference_keeps_the_rest_of_the_file(tmp_path):
-    page = tmp_path / "README.md"
+    page = tmp_path / "configuration.md"
     page.write_text(f"# title\n\nbefore\n\n{reference.BEGIN}\nold\n{reference.END}\n\nafter\n")
     assert reference.main([str(page)]) == 0
     text = page.read_text()
