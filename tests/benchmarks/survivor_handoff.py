@@ -21,7 +21,7 @@ by the re-formed pair, side by side:
 
 Both arms end at ``--steps``; their final weights are compared with an uninterrupted run's.
 "lost s" is the time back plus the lost steps at the uninterrupted run's pace: what the death
-cost the run. Not built into the trainer (see the README's "When a node fails").
+cost the run. Not built into the trainer (see docs/resilience.md, "When a node fails").
 """
 
 import argparse

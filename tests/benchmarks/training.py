@@ -11,7 +11,7 @@ Training: every run starts 2 fresh local gloo processes on the CPU (``OMP_NUM_TH
 `hand_written_ddp`, the PyTorch tutorial loop written in the trainer's exact operation order (same
 DDP options, PyTorch's own sampler, loss scaling, ``optimizer.step``,
 ``zero_grad(set_to_none=True)``) with the tutorial's optimizer, ``AdamW(params, lr=...)``, and its
-own learning-rate schedule and seeding written from the README, importing neither from hpcddp. The
+own learning-rate schedule and seeding written from the docs, importing neither from hpcddp. The
 trainer's only arithmetic difference is its fused AdamW (``optim.fused``, one pass over the
 weights instead of a dozen); tests/local/test_parity.py checks that the same loop given that
 optimizer ends in bitwise equal weights, and that with ``optim.fused=false`` the trainer equals
@@ -150,7 +150,7 @@ def warmup_then_cosine(step: int, opt: OptimConfig, total_steps: int) -> float:
     ``optim.warmup_steps``: linear warmup from 0 to lr, so step k of W uses k/W of it; then
     ``optim.schedule=cosine`` decays over the remaining steps towards ``optim.min_lr_ratio``,
     reached where the step after the run's last would be (``constant``: lr). Written from the
-    README, not from hpcddp's code.
+    docs (docs/configuration.md), not from hpcddp's code.
     """
     if step <= opt.warmup_steps:
         return step / opt.warmup_steps

@@ -49,7 +49,7 @@ def _table(sweep_dir: pathlib.Path, env: dict) -> list[dict]:
     """The status table's rows as {column: cell} (columns split on two or more spaces)."""
     shown = run_cli("status", str(sweep_dir), env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
-    print(shown.stdout)  # the README's table comes from here
+    print(shown.stdout)  # docs/ways-in.md's table comes from here
     lines = shown.stdout.splitlines()
     header = re.split(r"\s{2,}", lines[0])
     rows = [re.split(r"\s{2,}", line.strip()) for line in lines[1 : lines.index("")]]

@@ -1,4 +1,4 @@
-"""`lr_factor`: the learning-rate schedule the README promises, checked point by point.
+"""`lr_factor`: the learning-rate schedule the docs promise, checked point by point.
 
 ``optim.warmup_steps`` of linear warmup from 0 to lr, then a cosine from lr down to
 ``optim.min_lr_ratio`` of it (``optim.schedule=constant``: lr after the warmup). The cosine
