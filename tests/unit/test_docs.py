@@ -58,10 +58,11 @@ def test_the_readme_maps_every_docs_page():
 def _links() -> Iterator[tuple[str, int, str]]:
     """(page, line, target) for every relative link outside code blocks."""
     for page in [README, *PAGES]:
-        for number, line in enumerate(_prose(page.read_text()).splitlines(), 1):
-            for target in LINK.findall(line):
-                if not re.match(r"[a-z]+:", target):
-                    yield str(page.relative_to(REPO)), number, target
+        prose = _prose(page.read_text())
+        for link in LINK.finditer(prose):  # a link's text may wrap onto the next line
+            if not re.match(r"[a-z]+:", target := link.group(1)):
+                number = prose.count("\n", 0, link.start()) + 1
+                yield str(page.relative_to(REPO)), number, target
 
 
 def test_every_link_between_pages_reaches_a_file_and_a_heading():
