@@ -7,8 +7,7 @@ import json
 import pytest
 
 from hpcddp import exit_codes
-from hpcddp.slurm import policy
-from hpcddp.slurm.policy import (
+from hpcddp.resilience.rules import (
     Action,
     Decision,
     Failure,
@@ -17,9 +16,11 @@ from hpcddp.slurm.policy import (
     after_step,
     first_hosts,
 )
+from hpcddp.slurm import policy
 from hpcddp.storage import attempts
 
 KILLED = "srun: error: n2: task 3: Killed"
+NODE_STATES = "n1 idle\nn2 mix\nn3 alloc\nn4 down*\n"  # sinfo -h -N -o '%N %t'
 
 
 def test_srun_names_the_node_and_task_that_died_first():
@@ -125,7 +126,7 @@ def test_the_helper_decides_and_records_the_attempt(tmp_path, capsys):
         (run_dir / "checkpoints" / name).write_text("x")
     environ = {"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
     environ["SLURM_JOB_NUM_NODES"] = "1"
-    argv = ["after", "--status", "137", "--srun-error", KILLED, "--usable", "n1 n2 n3"]
+    argv = ["after", "--status", "137", "--srun-error", KILLED, "--node-states", NODE_STATES]
     argv += ["--excluded", "(null)", f"run.dir={run_dir}"]
     assert policy.main(argv, environ) == 0
     out, err = capsys.readouterr()
