@@ -184,6 +184,17 @@ policy() {
     fi
     echo "$said"
 }
+# between_steps SIGNAL...: `run` (go on as decided) or `stop STATUS`, hpcddp's word on
+# signals that came while no step ran (python -m hpcddp.resilience: no config, a blink).
+between_steps() {
+    local said
+    said=$("${helper[@]}" -m hpcddp.resilience between-steps --status "$status" "$@") || said=
+    if [[ ! $said =~ ^(run|stop\ [0-9]+)$ ]]; then
+        echo "hpcddp: the resilience helper said ${said:-nothing}; stopping" >&2
+        said="stop $status"
+    fi
+    echo "$said"
+}
 overrides=("$@")
 check=()
 if [[ $command == check ]]; then check=(--check); fi
@@ -199,8 +210,7 @@ while read -r action step_hosts avoid <<<"$decision" && [[ $action == run ]]; do
         # (hpcddp.resilience: a SIGTERM, from scancel or a requeue, ends the job).
         came=("${between[@]}")
         between=()
-        said=$("${helper[@]}" -m hpcddp.resilience between-steps --status "$status" "${came[@]}") ||
-            said="stop $status"
+        said=$(between_steps "${came[@]}")
         if [[ $said != run ]]; then
             decision=$said
             continue

@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("question", choices=("between-steps",))
     parser.add_argument("--status", type=int, default=0, help="the last step's exit status")
     parser.add_argument("signals", nargs="*", help="the signals that came (TERM, USR2 ...)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     decision = rules.between_steps(args.signals, args.status)
     print("run" if decision.action is rules.Action.RUN else decision.as_output(), flush=True)
     return exit_codes.OK
