@@ -219,3 +219,13 @@ def test_the_helper_restarts_and_records_the_attempt(tmp_path, capsys):
         ["n2"],
         "restart",
     )
+
+
+def test_the_helper_reads_sinfo_s_lines_for_the_nodes_a_requeue_could_use(tmp_path, capsys):
+    """n2 died and n3 is down: the partition has one usable node left for a job of two."""
+    environ = {"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
+    states = "n1 idle\nn2 mix\nn3 down*\n"
+    argv = ["after", "--status", "137", "--srun-error", KILLED, "--node-states", states]
+    assert policy.main([*argv, f"run.dir={tmp_path}"], environ) == 0
+    out, err = capsys.readouterr()
+    assert out == "stop 137\n" and "the partition has 1 usable node(s) for a job of 2" in err
