@@ -6,11 +6,13 @@ answers, the batch shell gets a signal. A SIGTERM (scancel, a requeue) then ends
 the first step's status; a SIGUSR2 lets the restart go ahead.
 """
 
+import re
 import signal
 import sys
 
 import pytest
 
+from hpcddp.slurm import jobscript
 from tests.unit.test_containers import RECORD
 from tests.unit.test_containers import job as job  # the fixture
 from tests.unit.test_jobscript import calls, stub
@@ -56,3 +58,13 @@ def test_a_signal_between_steps_is_hpcddp_s_decision(job, tmp_path, sig, steps, 
         assert "--nodelist=n2" in ranks[1]  # the spare took n1's place
     assert f"SIG{sig.name[3:]} received" in done.stderr
     assert [c for c in calls(tmp_path, "scontrol") if c[0] != "-o"] == []  # no requeue
+
+
+def test_the_template_leaves_node_states_and_signals_to_hpcddp():
+    """The shell carries decisions out; which sinfo states are usable and what a signal
+    between steps means are `hpcddp.resilience.rules`'."""
+    text = jobscript.template()
+    assert not re.search(r"\b(idle|mix|alloc|comp|down|drain)\b", text)
+    loop = text[text.index("\nwhile ") :]
+    loop = loop[: loop.index("; do")]
+    assert "terminated" not in loop and "TERM" not in loop
