@@ -159,6 +159,8 @@ def _after_step(args: argparse.Namespace, environ: Mapping[str, str]) -> Decisio
     except (HpcddpError, OSError) as err:
         return rules.not_retried(failure, str(err))
     restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    # Who is to blame for a hang: the watchdog's verdict names the node (a flight-recorder
+    # reading that names it belongs here too), before the rules are asked.
     verdict = attempts.take_hang_verdict(config.run.dir, now.job, restart)
     if verdict is not None:
         failure = Failure.from_hang(failure.status, verdict)
