@@ -4,6 +4,8 @@ The package has wings by world (each subpackage's docstring says what it may imp
 
 - ground floor: `hpcddp.config`, `hpcddp.errors`, `hpcddp.exit_codes`, `hpcddp.progress`,
   `hpcddp.outcome`
+- `hpcddp.resilience`: how a run ends (requeue, restart on a spare, chain hand-on, stop): the
+  rules, pure and torch-free, which the trainer, the job script and submitit's task all ask
 - `hpcddp.launch`: who am I (hostlists, launch contexts, ports, the local launcher); torch-free
 - `hpcddp.notify`: webhook posts of what happens to a run (started, preempted, ...); torch-free
 - `hpcddp.storage`: run directory, atomic files, checkpoints, plots

@@ -120,16 +120,22 @@ step_on() {
 
 # Slurm signals this shell alone (--signal=B:USR2@...) before the time limit, and bash runs a
 # trap only between commands: so the step runs in the background while the shell waits, and
-# the trap passes the signal on to srun, which forwards it to every task.
+# the trap passes the signal on to srun, which forwards it to every task. A signal that comes
+# while no step runs is kept in `between`, for hpcddp to decide on before the next step.
 step_pid=
 signals=0
 terminated=0
+between=()
 # shellcheck disable=SC2329  # called by the traps below
 forward() {
     signals=$((signals + 1))
     if [[ $1 == TERM ]]; then terminated=1; fi
     echo "hpcddp: SIG$1 received; forwarding it to the job step" >&2
-    if [[ -n $step_pid ]]; then kill -s "$1" "$step_pid" 2>/dev/null || true; fi
+    if [[ -n $step_pid ]]; then
+        kill -s "$1" "$step_pid" 2>/dev/null || true
+    else
+        between+=("$1")
+    fi
 }
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM
@@ -165,8 +171,9 @@ run_step() {
     rm -f "$srun_errors"
 }
 
-# What to do is hpcddp's decision (hpcddp.slurm.policy: requeue, restart on a spare node,
-# exclusion); this shell only carries it out, with Slurm's tools, outside any container.
+# What to do is hpcddp's decision (hpcddp.resilience's rules, asked by hpcddp.slurm.policy:
+# requeue, restart on a spare node, exclusion); this shell only carries it out, with Slurm's
+# tools, outside any container.
 policy() {
     local said
     said=$("${helper[@]}" -m hpcddp.slurm.policy "$@" ${config_args[@]+"${config_args[@]}"} \
@@ -174,6 +181,17 @@ policy() {
     if [[ ! $said =~ ^(run|requeue|stop)\  ]]; then
         echo "hpcddp: the policy helper said ${said:-nothing}" >&2
         return 1
+    fi
+    echo "$said"
+}
+# between_steps SIGNAL...: `run` (go on as decided) or `stop STATUS`, hpcddp's word on
+# signals that came while no step ran (python -m hpcddp.resilience: no config, a blink).
+between_steps() {
+    local said
+    said=$("${helper[@]}" -m hpcddp.resilience between-steps --status "$status" "$@") || said=
+    if [[ ! $said =~ ^(run|stop\ [0-9]+)$ ]]; then
+        echo "hpcddp: the resilience helper said ${said:-nothing}; stopping" >&2
+        said="stop $status"
     fi
     echo "$said"
 }
@@ -186,27 +204,35 @@ if ! decision=$(policy first); then
     exit 1
 fi
 status=0
-# A SIGTERM between steps (scancel, a requeue) ends the job: no new step then.
-while read -r action step_hosts avoid <<<"$decision" && [[ $action == run ]] &&
-    ((terminated == 0)); do
+while read -r action step_hosts avoid <<<"$decision" && [[ $action == run ]]; do
+    if ((${#between[@]} > 0)); then
+        # Signals came while no step ran: what they mean is hpcddp's decision too
+        # (hpcddp.resilience: a SIGTERM, from scancel or a requeue, ends the job).
+        came=("${between[@]}")
+        between=()
+        said=$(between_steps "${came[@]}")
+        if [[ $said != run ]]; then
+            decision=$said
+            continue
+        fi
+    fi
     step_on "$step_hosts"
     run_step
-    usable=
+    node_states=
     avoided=
     if ((status != 0 && terminated == 0)); then
-        usable=$(sinfo -h -N -p "${SLURM_JOB_PARTITION:-}" -o '%N %t' 2>/dev/null |
-            awk '$2 ~ /^(idle|mix|alloc|comp)/ { print $1 }' | sort -u | tr '\n' ' ' || true)
+        # Where a requeued job could land: sinfo's own lines; which states count is hpcddp's.
+        node_states=$(sinfo -h -N -p "${SLURM_JOB_PARTITION:-}" -o '%N %t' 2>/dev/null || true)
         avoided=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'ExcNodeList=[^ ]*' |
             cut -d= -f2 || true)
     fi
     terminated_flag=()
     if ((terminated)); then terminated_flag=(--terminated); fi
     decision=$(policy after --status "$status" --srun-error "$first_error" --hosts "$step_hosts" \
-        --avoid "${avoid:-}" --usable "$usable" --excluded "$avoided" \
+        --avoid "${avoid:-}" --node-states "$node_states" --excluded "$avoided" \
         ${terminated_flag[@]+"${terminated_flag[@]}"} ${check[@]+"${check[@]}"}) ||
         decision="stop $status"
 done
-if [[ $action == run ]]; then decision="stop $status"; fi # SIGTERM came between two steps
 # `requeue STATUS NODES` or `stop STATUS JOBS`: the nodes to exclude, or the chain's links left
 # to cancel once the run ended for good (hpcddp.slurm.chain; they would only start and leave).
 read -r action status listed <<<"$decision"

@@ -37,7 +37,7 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
         print(script, end="")
         return exit_codes.OK
     slurm = with_options(config.slurm, options)
-    if slurm.chain > 1 and not args.check:
+    if slurm.chained and not args.check:
         return _submit_chain(script, config.run.dir, chained(slurm, config.run.dir))
     print(submit(script), flush=True)
     return exit_codes.OK

@@ -436,14 +436,20 @@ class SlurmConfig:
             raise ConfigError(
                 "slurm.setup lines may not contain newlines. HINT: one list item per line."
             )
-        _chain_alone(self.chain, self.extra)
+        _chain_alone(self)
+
+    @property
+    def chained(self) -> bool:
+        """Whether the run goes as a chain of jobs (``slurm.chain`` > 1): the one spelling of
+        that question (`hpcddp.slurm.chain`)."""
+        return self.chain > 1
 
 
-def _chain_alone(chain: int, extra: dict[str, Any]) -> None:
+def _chain_alone(slurm: SlurmConfig) -> None:
     """A chain links its jobs with --dependency=singleton; another dependency would replace it."""
-    if chain > 1 and any(str(name).replace("_", "-") == "dependency" for name in extra):
+    if slurm.chained and any(str(name).replace("_", "-") == "dependency" for name in slurm.extra):
         raise ConfigError(
-            f"slurm.chain={chain} links its jobs with --dependency=singleton, which "
+            f"slurm.chain={slurm.chain} links its jobs with --dependency=singleton, which "
             "slurm.extra.dependency would replace. HINT: remove slurm.extra.dependency, or "
             "set slurm.chain=1 and chain the jobs yourself."
         )
@@ -511,13 +517,13 @@ def _one_stop_margin(stop_before_end_s: float, signal_delay_s: int) -> None:
         )
 
 
-def _chain_resumes(chain: int, resume: bool) -> None:
+def _chain_resumes(slurm: SlurmConfig, resume: bool) -> None:
     """Every link of a chain but the first continues the run in run.dir: it must resume."""
-    if chain > 1 and not resume:
+    if slurm.chained and not resume:
         raise ConfigError(
-            f"slurm.chain={chain} with run.resume=false: each link after the first must resume "
-            "the run from its checkpoint. HINT: set run.resume=true (and a new run.dir for a "
-            "fresh run)."
+            f"slurm.chain={slurm.chain} with run.resume=false: each link after the first must "
+            "resume the run from its checkpoint. HINT: set run.resume=true (and a new run.dir "
+            "for a fresh run)."
         )
 
 
@@ -538,7 +544,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _one_stop_margin(self.train.stop_before_end_s, self.slurm.signal_delay_s)
-        _chain_resumes(self.slurm.chain, self.run.resume)
+        _chain_resumes(self.slurm, self.run.resume)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, as saved in the run directory."""

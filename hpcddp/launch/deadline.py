@@ -93,13 +93,3 @@ def check_time_fits(end: float | None, margin_s: float, now: float) -> None:
         f"ask for more time (--time, slurm.time_min), or lower train.stop_before_end_s (and "
         f"slurm.signal_delay_s) well below {left:.0f} s."
     )
-
-
-def no_room_message(margin_s: float) -> str:
-    """Why a job that reached its stop time within its first step is not requeued."""
-    return (
-        f"the job's time limit passed its stop point (train.stop_before_end_s={margin_s:.0f} s "
-        "before the end) before the attempt's first step ended: requeueing would gain one step "
-        "per attempt. HINT: ask for more time (--time, slurm.time_min), or lower "
-        "train.stop_before_end_s; the checkpoint is kept, so re-running resumes."
-    )

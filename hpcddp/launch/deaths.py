@@ -4,7 +4,7 @@ Under NCCL's default error handling (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``) a co
 fails or times out ends the process with ``abort()``: SIGABRT, no Python exception, nothing
 reported. The survivors then only say they lost a peer, and a later rank's exit status (even
 2, bad input) must not decide what happened: the first death does. Torch-free, for the
-launcher and the Slurm retry helper alike.
+launcher; a failed step's srun line is read by `hpcddp.resilience.rules`.
 """
 
 import signal
@@ -41,10 +41,3 @@ def death_line(rank: int, sig: signal.Signals) -> str:
         f"HINT: its Python stacks at that moment are at the end of RUN_DIR/logs/rank-{rank}.log"
         ", and an NCCL flight recorder dump, if any, is under RUN_DIR/logs/."
     )
-
-
-def killed_by_signal(srun_how: str) -> bool:
-    """Whether srun's word for how a task ended (``Aborted``, ``Killed``, ``Exited with exit
-    code 2``...) is a signal rather than an exit status."""
-    how = srun_how.strip()
-    return bool(how) and not how.startswith("Exited with exit code")

@@ -1,8 +1,10 @@
 """Putting this Slurm job back in the queue from inside it (``scontrol requeue``).
 
-A requeued job keeps its id and reruns its batch script, which resumes from the checkpoint.
-Inside a container there is often no ``scontrol``; the rank then says why and the job script,
-which runs outside the container, requeues instead (exit status 75, see `hpcddp.exit_codes`).
+An executor: rank 0 calls it when `hpcddp.resilience.rules.after_stop` decided a requeue, and
+decides nothing itself. A requeued job keeps its id and reruns its batch script, which
+resumes from the checkpoint. Inside a container there is often no ``scontrol``; the rank then
+says why and the job script, which runs outside the container, requeues instead (exit status
+75, see `hpcddp.exit_codes`).
 """
 
 import os

@@ -12,7 +12,8 @@ ahead of the next link. A rank's death is still retried within the link by the j
 policy (`hpcddp.slurm.policy`), as without a chain.
 
 Once the run has ended for good (completed, or stopped by the policy for a failure a retry
-cannot fix), the links left are cancelled by job id: by the batch shell of the link that ended
+cannot fix; the rule is `hpcddp.resilience.rules.why_cancel`), the links left are cancelled
+by job id: by the batch shell of the link that ended
 (`rest_to_cancel` names them to `hpcddp.slurm.policy`), because that shell runs outside any
 container, where ``scancel`` is, after every rank has exited (no rank is cut short), and it
 sees the endings no rank lives to report (bad input on every rank, a death). Under ``hpcddp
@@ -29,8 +30,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from hpcddp import exit_codes
 from hpcddp.config import SlurmConfig
+from hpcddp.resilience.rules import LinkEnd, why_cancel
 from hpcddp.slurm import run_end
 from hpcddp.storage import attempts, chain_record
 from hpcddp.storage.chain_record import ChainRecord
@@ -48,7 +49,7 @@ def chain_name(job_name: str, run_dir: str | os.PathLike[str]) -> str:
 
 def chained(slurm: SlurmConfig, run_dir: str | os.PathLike[str]) -> SlurmConfig:
     """The slurm section with the chain's job name (unchanged without a chain)."""
-    if slurm.chain <= 1:
+    if not slurm.chained:
         return slurm
     return dataclasses.replace(slurm, job_name=chain_name(slurm.job_name, run_dir))
 
@@ -78,29 +79,6 @@ def run_ended(run_dir: str | os.PathLike[str], since: float) -> str:
     if end is None or end.damaged:
         return ""
     return f"failed ({end.reason})" if end.failed else "completed"
-
-
-@dataclasses.dataclass(frozen=True)
-class LinkEnd:
-    """How one link's training ended, as the job script and the run directory tell it."""
-
-    status: int  # the job's exit status, as the policy decided it
-    terminated: bool = False  # SIGTERM: scancel, or the time limit's hard end
-    ended: str = ""  # `run_ended`: "completed", "failed (...)" or ""
-    cause: str = ""  # why rank 0 says the link's last attempt ended ("preempted", ...)
-
-
-def why_cancel(end: LinkEnd) -> str:
-    """Why the links left are cancelled after this end; "" when the next link carries on."""
-    if end.ended:
-        return f"the run {end.ended}"
-    if end.terminated:
-        return ""  # scancel of this link, or its time ran out before it stopped: resume
-    if end.status == exit_codes.OK and end.cause == "preempted":
-        return ""  # stopped at its time limit with a checkpoint: the next link resumes
-    if end.status == exit_codes.OK:
-        return f"the run stopped ({end.cause or 'on request'})"
-    return f"the run failed with status {end.status} and is not retried"
 
 
 def rest_to_cancel(

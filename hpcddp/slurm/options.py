@@ -175,7 +175,7 @@ def request(slurm: SlurmConfig) -> Request:
     torchrun = slurm.launcher == "torchrun"
     # A chain's link hands on at the trainer's own deadline and then leaves: a late USR2 would
     # only hit ranks already leaving (and submitit would requeue on it), so none is asked for.
-    signal_s = 0 if torchrun or slurm.chain > 1 else slurm.signal_delay_s
+    signal_s = 0 if torchrun or slurm.chained else slurm.signal_delay_s
     if signal_s and signal_s >= slurm.time_min * 60:
         raise ConfigError(
             f"slurm.signal_delay_s={slurm.signal_delay_s} is not shorter than "
@@ -227,5 +227,5 @@ def sbatch_options(slurm: SlurmConfig) -> list[str]:
         opts += [f"--{name}={value}"] if value else []
     opts += [f"--signal=B:USR2@{job.signal_delay_s}"] if job.signal_delay_s else []
     # A chain's links run one at a time, in order: one name, one user (hpcddp.slurm.chain).
-    opts += [f"--dependency={DEPENDENCY}"] if slurm.chain > 1 else []
+    opts += [f"--dependency={DEPENDENCY}"] if slurm.chained else []
     return [*opts, "--requeue", *job.extra]

@@ -154,7 +154,7 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
         )
     job = request(slurm)
     # A chain's links run one at a time, in order: one name, one user (hpcddp.slurm.chain).
-    chain_dependency = {"dependency": DEPENDENCY} if slurm.chain > 1 else {}
+    chain_dependency = {"dependency": DEPENDENCY} if slurm.chained else {}
     params: dict[str, Any] = {
         "name": job.job_name,
         "nodes": job.nodes,
@@ -284,7 +284,7 @@ def submit(
     cluster = choose_cluster(cluster)
     if check:  # the pre-flight is one job, chain or not
         config = with_values(config, [(["slurm", "chain"], 1)])
-    if config.slurm.chain > 1:
+    if config.slurm.chained:
         return _submit_chain(config, cluster)
     executor = _executor(config, cluster)
     submitted_at = time.time()
@@ -349,7 +349,7 @@ def sweep(
     (Slurm only; the local executor starts them all).
     """
     base = resolve_config(config, overrides, slurm_options)
-    if base.slurm.chain > 1:
+    if base.slurm.chained:
         raise ConfigError(
             f"slurm.chain={base.slurm.chain}: a sweep's points are one job array, which a chain "
             "of singleton jobs cannot be. HINT: set slurm.chain=1 for the sweep, or submit each "

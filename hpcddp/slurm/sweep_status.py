@@ -14,8 +14,8 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from hpcddp.resilience.rules import Failure
 from hpcddp.slurm.index import JobRecord
-from hpcddp.slurm.policy import Failure
 from hpcddp.slurm.queue import ACTIVE_STATES, Runner, query_states
 from hpcddp.slurm.status import file_outcome, final_state, local_alive, read_result
 from hpcddp.storage import attempts, sweep_manifest

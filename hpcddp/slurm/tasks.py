@@ -17,6 +17,7 @@ from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 from hpcddp.launch import collector
 from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.resilience import rules
 from hpcddp.slurm import chain
 
 
@@ -29,7 +30,7 @@ class TrainTask:
     def __call__(self) -> RunOutcome:
         """Train (or resume) on this task's rank; how the run ended (its summary, or why it
         stopped)."""
-        link = ChainLink(self.config) if self.config.slurm.chain > 1 else None
+        link = ChainLink(self.config) if self.config.slurm.chained else None
         if link is not None and link.run_ended():
             return link.summary_outcome()  # the run ended before this link started: leave
         try:
@@ -42,17 +43,20 @@ class TrainTask:
                 link.ended(exit_codes.USAGE)  # bad input: every later link would fail alike
             raise
         if result.requeued:
-            # Slurm restarts the job and its rerun resumes from the checkpoint. Leaving without
-            # a result (submitit writes none on SystemExit) keeps job.result() waiting for it.
+            # The rules requeued the job (`hpcddp.resilience.rules.after_stop`) and rank 0 did:
+            # Slurm restarts it and its rerun resumes from the checkpoint. Leaving without a
+            # result (submitit writes none on SystemExit) keeps job.result() waiting for it.
             raise SystemExit(0)
         if link is not None:
             link.ended(exit_codes.OK, terminated=result.stop == StopReason.TERMINATED)
         return result
 
     def checkpoint(self) -> DelayedSubmission | None:
-        """submitit's hook for a signal that arrives outside training: requeue, then resume;
-        a chain's link is not requeued (None), its next link resumes."""
-        return DelayedSubmission(self) if self.config.slurm.chain <= 1 else None
+        """submitit's hook for a signal that arrives outside training: it carries out
+        `hpcddp.resilience.rules.outside_training` (a requeue is this task resubmitted; a
+        chain's link hands on: None, its next link resumes)."""
+        decision = rules.outside_training(chained=self.config.slurm.chained)
+        return DelayedSubmission(self) if decision.action is rules.Action.REQUEUE else None
 
     def __repr__(self) -> str:
         return f"TrainTask(run.dir={self.config.run.dir!r})"

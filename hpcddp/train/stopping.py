@@ -1,11 +1,15 @@
 """When a run stops early and what follows: the job's deadline, the stop vote, the requeue.
 
 `Stopping` holds the decisions `hpcddp.train.loop` asks for at start-up (when to stop ahead of
-the job's time limit), after each step (the ranks' vote) and after a stop (requeue a preempted
-Slurm job, hand on to the next link of the run's chain, or neither), and turns a stop into the
-typed `RunOutcome`. The NaN policy is not here: it lives whole in `hpcddp.train.guard`.
+the job's time limit), after each step (the ranks' vote) and after a stop, and turns a stop
+into the typed `RunOutcome`. What follows a stop (requeue a preempted Slurm job, hand on to the
+next link of the run's chain, or neither) is decided by `hpcddp.resilience.rules.after_stop`;
+this module gathers its facts (the clock, the chain's record) and carries the decision out
+(rank 0's ``scontrol requeue``). The NaN policy is not here: it lives whole in
+`hpcddp.train.guard`.
 """
 
+import dataclasses
 import logging
 import pathlib
 import time
@@ -16,6 +20,8 @@ from hpcddp.errors import ConfigError
 from hpcddp.launch import deadline, requeue
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.resilience import rules
+from hpcddp.resilience.rules import Action, ChainPlace, Decision
 from hpcddp.storage import attempts, chain_record
 from hpcddp.storage.rundir import Attempt
 from hpcddp.train import preemption
@@ -101,43 +107,53 @@ class Stopping:
     # -- after a stop -------------------------------------------------------------------------
 
     def conclude(self, reason: StopReason, step: int) -> RunOutcome:
-        """After the stop checkpoint: requeue a preempted Slurm job (rank 0), and say so."""
-        preempted = reason == StopReason.PREEMPTED
-        if preempted:
-            self._refuse_endless_requeue(step)
+        """After the stop checkpoint: ask the rules what follows, record the attempt (rank 0),
+        and carry the decision out."""
+        stop = rules.Stopped(
+            reason=reason,
+            step=step,
+            resumed_step=self.resumed_step,
+            deadline_passed=self.deadline is not None and time.time() >= self.deadline,
+            margin_s=self.cfg.train.stop_before_end_s,
+        )
+        decision = rules.after_stop(stop)  # every rank alike: the rules that need no record
+        if decision.refused:
+            raise ConfigError(decision.message)
         if self.env.is_main:  # before requeueing, which ends the job's processes
             self.record_attempt(reason.label, step)
-        if not preempted:
-            return RunOutcome(step=step, stop=reason)
-        link = collectives.on_rank_zero(self.chain_link, self.env.rank, "read the run's chain")
-        if link:
-            log.info("preempted at step %d, checkpoint saved; %s", step, link)
-            return RunOutcome(step=step, stop=reason, handed_on=True)
+        if decision.action is Action.REQUEUE:  # unless a chain's link hands on: rank 0 reads
+            decision = collectives.on_rank_zero(
+                lambda: rules.after_stop(stop, self.chain_place()),
+                self.env.rank,
+                "read the run's chain",
+            )
+        return self._carry_out(decision, stop)
+
+    def _carry_out(self, decision: Decision, stop: rules.Stopped) -> RunOutcome:
+        """Hand on (nothing to do: the next link is queued), requeue (rank 0), or just stop."""
+        outcome = RunOutcome(step=stop.step, stop=stop.reason)
+        if decision.action is Action.HAND_ON:
+            log.info("preempted at step %d, checkpoint saved; %s", stop.step, decision.message)
+            return dataclasses.replace(outcome, handed_on=True)
+        if decision.action is not Action.REQUEUE:
+            return outcome
         requeued, message = collectives.on_rank_zero(
             lambda: requeue.requeue(self.env.environ), self.env.rank, "requeue the job"
         )
         (log.info if requeued else log.error)(
-            "preempted at step %d, checkpoint saved; %s", step, message
+            "preempted at step %d, checkpoint saved; %s", stop.step, message
         )
-        return RunOutcome(step=step, stop=reason, requeued=requeued)
+        return dataclasses.replace(outcome, requeued=requeued)
 
-    def chain_link(self) -> str:
-        """Rank 0: how this job hands on, when it is a link of the run's chain ("" if not).
-
-        A chain's next link waits for this job to end (--dependency=singleton) and resumes
-        from the checkpoint, so the job must end, not requeue: a requeued job would wait in the
-        queue before that link and run again.
-        """
+    def chain_place(self) -> ChainPlace | None:
+        """Rank 0: where this job sits in the run's chain (`hpcddp.storage.chain_record`);
+        None when it is no link of one."""
         found = chain_record.link_of(self.run_dir, requeue.own_job_id(self.env.environ))
         if found is None:
-            return ""
+            return None
         chain, where = found
-        if where == len(chain.links):
-            return (
-                f"job {chain.links[-1]} is the last link ({where} of {chain.size}) of chain "
-                f"{chain.name}, not requeued. HINT: submit the same command again to resume."
-            )
-        return f"link {where} of {chain.size} of chain {chain.name} ends; the next link resumes"
+        last = chain.links[-1] if chain.links else ""
+        return ChainPlace(chain.name, chain.size, where, len(chain.links), last)
 
     def record_attempt(self, cause: str, step: int) -> None:
         """Rank 0: this attempt's line in attempts.jsonl (`hpcddp.storage.attempts`)."""
@@ -171,9 +187,3 @@ class Stopping:
         """What this attempt holds, for its cost: GPUs, and the job's nodes (spares too)."""
         a = self.attempt
         return {"gpus": a.gpus, "allocated_nodes": a.allocated_nodes or len(a.nodes)}
-
-    def _refuse_endless_requeue(self, step: int) -> None:
-        """The stop time passed within the attempt's first step: a requeue would gain one step."""
-        passed = self.deadline is not None and time.time() >= self.deadline
-        if passed and step - self.resumed_step <= 1:
-            raise ConfigError(deadline.no_room_message(self.cfg.train.stop_before_end_s))

@@ -14,6 +14,7 @@ from hpcddp.config import Config, SlurmConfig, load_config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.resilience import rules
 from hpcddp.slurm import chain, policy, submission
 from hpcddp.slurm.chain_status import link_rows
 from hpcddp.slurm.jobscript import render
@@ -155,17 +156,17 @@ OK, USAGE = exit_codes.OK, exit_codes.USAGE
 @pytest.mark.parametrize(
     "end, why",
     [
-        (chain.LinkEnd(OK, ended="completed", cause="finished"), "the run completed"),
-        (chain.LinkEnd(OK, ended="failed (non-finite loss)"), "the run failed (non-finite"),
-        (chain.LinkEnd(USAGE), "the run failed with status 2 and is not retried"),
-        (chain.LinkEnd(137), "the run failed with status 137"),  # the policy stopped retrying
-        (chain.LinkEnd(OK, cause="requested"), "the run stopped (requested)"),
-        (chain.LinkEnd(OK, cause="preempted"), ""),  # handed on at its time limit
-        (chain.LinkEnd(143, terminated=True, cause="terminated"), ""),  # scancel, hard limit
+        (rules.LinkEnd(OK, ended="completed", cause="finished"), "the run completed"),
+        (rules.LinkEnd(OK, ended="failed (non-finite loss)"), "the run failed (non-finite"),
+        (rules.LinkEnd(USAGE), "the run failed with status 2 and is not retried"),
+        (rules.LinkEnd(137), "the run failed with status 137"),  # the policy stopped retrying
+        (rules.LinkEnd(OK, cause="requested"), "the run stopped (requested)"),
+        (rules.LinkEnd(OK, cause="preempted"), ""),  # handed on at its time limit
+        (rules.LinkEnd(143, terminated=True, cause="terminated"), ""),  # scancel, hard limit
     ],
 )
 def test_the_cancel_decision(end, why):
-    assert chain.why_cancel(end).startswith(why) if why else chain.why_cancel(end) == ""
+    assert rules.why_cancel(end).startswith(why) if why else rules.why_cancel(end) == ""
 
 
 def write_summary(run_dir, status: str = "finished", mtime: float | None = None) -> None:

@@ -468,7 +468,7 @@ def test_requeue_status_is_the_trainers():
     """The policy requeues on exactly the status the CLI gives a stop it could not requeue."""
     from hpcddp.cli.train import exit_code
     from hpcddp.outcome import RunOutcome, StopReason
-    from hpcddp.slurm.policy import Action, Failure, after_step
+    from hpcddp.resilience.rules import Action, Failure, after_step
     from tests.unit.test_policy import situation
 
     stopped = RunOutcome(step=3, stop=StopReason.PREEMPTED, requeued=False)

@@ -152,7 +152,8 @@ def _run_dir_at_step_30(tmp_path):
 def test_the_job_script_s_helper_tells_a_requeue_then_the_failure_that_ends_the_job(tmp_path):
     run_dir = _run_dir_at_step_30(tmp_path)
     with Receiver() as receiver:
-        argv = ["after", "--status", "137", "--srun-error", KILLED, "--usable", "n1 n2 n3"]
+        states = "n1 idle\nn2 idle\nn3 idle"
+        argv = ["after", "--status", "137", "--srun-error", KILLED, "--node-states", states]
         argv += [f"run.dir={run_dir}", f"notify.url={receiver.url}"]
         assert policy.main(argv, {**JOB, "SLURM_RESTART_COUNT": "0"}) == 0
         receiver.wait_for(1)  # the job script's helper is a process per step, seconds apart

@@ -7,8 +7,7 @@ import json
 import pytest
 
 from hpcddp import exit_codes
-from hpcddp.slurm import policy
-from hpcddp.slurm.policy import (
+from hpcddp.resilience.rules import (
     Action,
     Decision,
     Failure,
@@ -17,9 +16,11 @@ from hpcddp.slurm.policy import (
     after_step,
     first_hosts,
 )
+from hpcddp.slurm import policy
 from hpcddp.storage import attempts
 
 KILLED = "srun: error: n2: task 3: Killed"
+NODE_STATES = "n1 idle\nn2 mix\nn3 alloc\nn4 down*\n"  # sinfo -h -N -o '%N %t'
 
 
 def test_srun_names_the_node_and_task_that_died_first():
@@ -125,7 +126,7 @@ def test_the_helper_decides_and_records_the_attempt(tmp_path, capsys):
         (run_dir / "checkpoints" / name).write_text("x")
     environ = {"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
     environ["SLURM_JOB_NUM_NODES"] = "1"
-    argv = ["after", "--status", "137", "--srun-error", KILLED, "--usable", "n1 n2 n3"]
+    argv = ["after", "--status", "137", "--srun-error", KILLED, "--node-states", NODE_STATES]
     argv += ["--excluded", "(null)", f"run.dir={run_dir}"]
     assert policy.main(argv, environ) == 0
     out, err = capsys.readouterr()
@@ -218,3 +219,13 @@ def test_the_helper_restarts_and_records_the_attempt(tmp_path, capsys):
         ["n2"],
         "restart",
     )
+
+
+def test_the_helper_reads_sinfo_s_lines_for_the_nodes_a_requeue_could_use(tmp_path, capsys):
+    """n2 died and n3 is down: the partition has one usable node left for a job of two."""
+    environ = {"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
+    states = "n1 idle\nn2 mix\nn3 down*\n"
+    argv = ["after", "--status", "137", "--srun-error", KILLED, "--node-states", states]
+    assert policy.main([*argv, f"run.dir={tmp_path}"], environ) == 0
+    out, err = capsys.readouterr()
+    assert out == "stop 137\n" and "the partition has 1 usable node(s) for a job of 2" in err

@@ -74,7 +74,8 @@ def test_the_helper_excludes_the_hung_node_from_the_verdict_and_records_its_dete
                "SLURM_JOB_NUM_NODES": "1"}  # fmt: skip
     srun_saw = f"srun: error: n1: task 0: Exited with exit code {exit_codes.HUNG}"
     argv = ["after", "--status", str(exit_codes.HUNG), "--srun-error", srun_saw,
-            "--usable", "n1 n2 n3", "--excluded", "(null)", f"run.dir={run_dir}"]  # fmt: skip
+            "--node-states", "n1 idle\nn2 mix\nn3 idle", "--excluded", "(null)",
+            f"run.dir={run_dir}"]  # fmt: skip
     assert policy.main(argv, environ) == 0
     out, err = capsys.readouterr()
     assert out == f"requeue {exit_codes.HUNG} n2\n"
