@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpcddp.config import Config
-from hpcddp.launch import deadline
-from hpcddp.launch.requeue import own_job_id
 from hpcddp.notify.poster import LEAVE_GRACE_S, Poster
+from hpcddp.resilience import deadline
+from hpcddp.resilience.requeue import own_job_id
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@ The vote is started asynchronously after one step and read after the next, so it
 and it is held only every N steps, N chosen so that votes are about `VOTE_EVERY_S` apart, so
 a fast step does not pay for a collective it does not need (0.5 ms a step was measured, the
 whole step of a small model). A signal is acted on within about `VOTE_EVERY_S` plus one step.
-The job's end time and requeueing live in `hpcddp.launch.deadline` and `hpcddp.launch.requeue`.
+The job's end time and requeueing live in `hpcddp.resilience.deadline` and
+`hpcddp.resilience.requeue`.
 """
 
 import contextlib

@@ -17,10 +17,9 @@ import time
 from hpcddp.comm import collectives
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
-from hpcddp.launch import deadline, requeue
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
-from hpcddp.resilience import rules
+from hpcddp.resilience import deadline, requeue, rules
 from hpcddp.resilience.rules import Action, ChainPlace, Decision
 from hpcddp.storage import attempts, chain_record
 from hpcddp.storage.rundir import Attempt

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hpcddp.errors import ConfigError
-from hpcddp.launch import deadline, requeue
+from hpcddp.resilience import deadline, requeue
 
 END = datetime.datetime(2026, 11, 21, 9, 30)
 SQUEUE = f"""#!/bin/sh
