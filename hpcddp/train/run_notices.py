@@ -32,7 +32,7 @@ class RunNotices:
         """A run that trained to the end (summary.json written) is "completed"; the outcome,
         whatever it is, is handed back."""
         if outcome.finished:
-            loss = outcome.summary.get("final_loss")
+            loss = outcome.summary.final_loss if outcome.summary else None
             self.notifier.tell("completed", outcome.step, f"final loss {loss:.4g}" if loss else "")
         return outcome
 
