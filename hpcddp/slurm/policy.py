@@ -46,6 +46,7 @@ from hpcddp.config import Config, load_config
 from hpcddp.errors import HpcddpError
 from hpcddp.launch import deaths, hostlist
 from hpcddp.notify.notices import Notifier
+from hpcddp.run_events import Event
 from hpcddp.slurm import chain
 from hpcddp.storage import attempts
 
@@ -64,7 +65,7 @@ class Action(enum.Enum):
 
 # What a failed attempt's record says came next, and the notice it is told with.
 THEN = {Action.RUN: "restart", Action.REQUEUE: "requeue", Action.STOP: "stop"}
-TOLD = {Action.RUN: "restarted", Action.REQUEUE: "requeued", Action.STOP: "failed"}
+TOLD = {Action.RUN: Event.RESTARTED, Action.REQUEUE: Event.REQUEUED, Action.STOP: Event.FAILED}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +367,7 @@ def _tell(
     notifier = Notifier(config, environ, speaks=True)
     step = attempts.saved_step(config.run.dir)
     if hang is not None:
-        notifier.tell("hang", step, hang.what)
+        notifier.tell(Event.HANG, step, hang.what)
     notifier.tell(TOLD[decision.action], step, decision.message.removeprefix("hpcddp: "))
     notifier.close()
 
