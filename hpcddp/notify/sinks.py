@@ -26,30 +26,28 @@ class Sink(abc.ABC):
         """Wait at most ``grace_s`` for what was sent to leave; False if some was given up."""
 
 
-class JsonWebhook(Sink):
-    """Every field of the notice as JSON (`Notice.body`)."""
+class _Webhook(Sink):
+    """A sink that posts to one URL, in order, in the background."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self.poster = Poster(url, timeout_s)
+
+    def close(self, grace_s: float) -> bool:
+        return self.poster.close(grace_s)
+
+
+class JsonWebhook(_Webhook):
+    """Every field of the notice as JSON (`Notice.body`)."""
 
     def send(self, notice: Notice) -> None:
         self.poster.post(notice.body(), notice.event.value)
 
-    def close(self, grace_s: float) -> bool:
-        return self.poster.close(grace_s)
 
-
-class ChatWebhook(Sink):
+class ChatWebhook(_Webhook):
     """A Slack or Mattermost incoming webhook: ``{"text": Notice.chat_line()}``."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.poster = Poster(url, timeout_s)
 
     def send(self, notice: Notice) -> None:
         self.poster.post({"text": notice.chat_line()}, notice.event.value)
-
-    def close(self, grace_s: float) -> bool:
-        return self.poster.close(grace_s)
 
 
 def sinks_for(notify: NotifyConfig) -> list[Sink]:
