@@ -3,11 +3,13 @@
 The package has wings by world (each subpackage's docstring says what it may import):
 
 - ground floor: `hpcddp.config`, `hpcddp.errors`, `hpcddp.exit_codes`, `hpcddp.progress`,
-  `hpcddp.outcome`
+  `hpcddp.outcome`, `hpcddp.run_files` (a run directory's file names and its summary),
+  `hpcddp.run_events` (what people are told happened to a run)
 - `hpcddp.resilience`: how a run ends (requeue, restart on a spare, chain hand-on, stop): the
   rules, pure and torch-free, which the trainer, the job script and submitit's task all ask
 - `hpcddp.launch`: who am I (hostlists, launch contexts, ports, the local launcher); torch-free
-- `hpcddp.notify`: webhook posts of what happens to a run (started, preempted, ...); torch-free
+- `hpcddp.notify`: notices of what happens to a run (started, preempted, ...) to a JSON webhook
+  and a Slack or Mattermost channel; torch-free
 - `hpcddp.storage`: run directory, atomic files, checkpoints, plots
 - `hpcddp.comm`: the process group's life, collectives, failure reports, guarded downloads
 - `hpcddp.train`: the trainer and its loop

@@ -7,7 +7,8 @@ also the value the ranks vote with (`hpcddp.train.preemption`): higher wins.
 
 import dataclasses
 import enum
-from typing import Any
+
+from hpcddp.run_files import RunSummary
 
 
 class StopReason(enum.IntEnum):
@@ -34,7 +35,7 @@ class RunOutcome:
     stop: StopReason | None = None  # None: trained to the end
     requeued: bool = False  # a preempted Slurm job that requeued itself
     handed_on: bool = False  # a chain link stopped at its time limit: the next link resumes
-    summary: dict[str, Any] = dataclasses.field(default_factory=dict)  # summary.json, if written
+    summary: RunSummary | None = None  # summary.json, if this run wrote or found one
 
     @property
     def finished(self) -> bool:

@@ -14,6 +14,7 @@ from hpcddp import exit_codes
 from hpcddp.cli import sweep
 from hpcddp.cli.args import add_cluster_option, add_slurm_options, split_config_and_overrides
 from hpcddp.errors import ConfigError
+from hpcddp.run_files import metrics_path
 from hpcddp.slurm.chain_status import chain_lines
 from hpcddp.slurm.options import OPTIONS
 from hpcddp.slurm.status import job_status, log_paths
@@ -94,7 +95,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for status in job_status(args.job_id):
         lines = status.lines()
         run_dir = pathlib.Path(status.run_dir) if status.run_dir else None
-        if run_dir is not None and (run_dir / "metrics.jsonl").exists():
+        if run_dir is not None and metrics_path(run_dir).exists():
             lines += run_lines(run_dir)[1:]  # the figures, without the run dir again
         if run_dir is not None:
             lines += chain_lines(run_dir)

@@ -64,7 +64,7 @@ def _readable_by_children(path: str | None) -> Iterator[str | None]:
         return
     text = read_text(pathlib.Path(path))
     with tempfile.TemporaryDirectory(prefix="hpcddp-config-") as folder:
-        copy = pathlib.Path(folder) / "config.yaml"
+        copy = pathlib.Path(folder) / "piped-config.yaml"  # not a run directory's config.yaml
         copy.write_text(text)
         yield str(copy)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hpcddp import exit_codes
+from hpcddp import exit_codes, run_files
 from hpcddp.comm import hang
 from hpcddp.comm.stacks import dump_stacks
 from hpcddp.launch import error_reports
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # gets the verdict's one line.
 _FILE_ONLY = {"hpcddp_file_only": True}
 
-VERDICT = "verdict.json"
+VERDICT = run_files.HANG_VERDICT
 
 
 def _ended(status: int) -> None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import yaml
 
 from hpcddp.errors import ConfigError
+from hpcddp.run_events import Event
 
 T = TypeVar("T")
 
@@ -470,21 +471,18 @@ class TrackingConfig:
             _one_of("tracking", "backends", name, TRACKING_BACKENDS)
 
 
-NOTIFY_EVENTS = (
-    *("started", "preempted", "requeued", "restarted"),
-    *("failed", "nan", "hang", "completed"),
-)
-
-
 @dataclasses.dataclass(kw_only=True)
 class NotifyConfig:
-    """A webhook told what happens to the run (`hpcddp.notify`), posted in the background."""
+    """Webhooks told what happens to the run (`hpcddp.notify`), posted in the background."""
 
     url: str = setting(
-        "", "webhook (http or https) that gets a JSON post per event (Slack-compatible); empty: off"
+        "", "webhook (http or https) that gets each event as a JSON object; empty: off"
+    )
+    slack_url: str = setting(
+        "", "Slack or Mattermost incoming webhook: one readable line per event; empty: off"
     )
     events: list[str] = setting_from(
-        lambda: list(NOTIFY_EVENTS), f"which events to post: any of {', '.join(NOTIFY_EVENTS)}"
+        lambda: list(Event.names()), f"which events to post: any of {', '.join(Event.names())}"
     )
     timeout_s: float = setting(
         5.0, "a post that has no answer by then is given up (one line in the log); never waited on"
@@ -493,14 +491,20 @@ class NotifyConfig:
     def __post_init__(self) -> None:
         _strings("notify.events", self.events)
         for name in self.events:
-            _one_of("notify", "events", name, NOTIFY_EVENTS)
+            _one_of("notify", "events", name, Event.names())
         _positive("notify", timeout_s=self.timeout_s)
-        parsed = urllib.parse.urlsplit(self.url)
-        if self.url and (parsed.scheme not in ("http", "https") or not parsed.hostname):
-            raise ConfigError(
-                f"notify.url={self.url!r} is not an http(s) URL. "
-                "HINT: set notify.url=https://host/path (a webhook), or notify.url= to turn it off."
-            )
+        _webhook("url", self.url)
+        _webhook("slack_url", self.slack_url)
+
+
+def _webhook(name: str, url: str) -> None:
+    """An empty URL (off) or an http(s) one with a host."""
+    parsed = urllib.parse.urlsplit(url)
+    if url and (parsed.scheme not in ("http", "https") or not parsed.hostname):
+        raise ConfigError(
+            f"notify.{name}={url!r} is not an http(s) URL. HINT: set notify.{name}="
+            f"https://host/path (a webhook), or notify.{name}= to turn it off."
+        )
 
 
 def _one_stop_margin(stop_before_end_s: float, signal_delay_s: int) -> None:

@@ -1,69 +1,45 @@
-"""What a notice says: the JSON body every event shares, and who posts which event.
+"""Who posts which event: the `Notifier` one process holds, sending to the configured sinks.
 
-The body is ``{"event", "run", "name", "job", "step", "text", "time"}``: ``run`` is the run
-directory, ``name`` its ``run.name``, ``job`` the Slurm job id (``JOBID_TASKID`` for an array
-task) or ``local``; ``text`` is one line for people, which Slack's incoming webhooks show as it is.
+Rank 0 tells what it sees (`hpcddp.train.run_notices`); the batch shell's policy helper tells
+failures once it knows what follows (`shell_tells_failures` keeps rank 0 from telling them
+twice).
 """
 
-import dataclasses
-import time
+import socket
 from collections.abc import Mapping
-from typing import Any
 
 from hpcddp.config import Config
-from hpcddp.notify.poster import LEAVE_GRACE_S, Poster
+from hpcddp.notify.notice import Notice
+from hpcddp.notify.poster import LEAVE_GRACE_S
+from hpcddp.notify.sinks import Sink, close_all, sinks_for
 from hpcddp.resilience import deadline
 from hpcddp.resilience.requeue import own_job_id
-
-
-@dataclasses.dataclass(frozen=True)
-class Notice:
-    """One event of one run, at the step training stands at (or resumes from)."""
-
-    event: str
-    run: str
-    name: str
-    job: str
-    step: int
-    detail: str = ""
-
-    def body(self) -> dict[str, Any]:
-        """The JSON object posted."""
-        text = f"hpcddp run {self.name} ({self.run}), job {self.job}: {self.event} at step "
-        text += f"{self.step}" + (f": {self.detail}" if self.detail else "")
-        return {
-            "event": self.event,
-            "run": self.run,
-            "name": self.name,
-            "job": self.job,
-            "step": self.step,
-            "text": text,
-            "time": round(time.time(), 3),
-        }
+from hpcddp.run_events import Event
 
 
 class Notifier:
-    """Posts the events ``notify.events`` chose for one run; does nothing without a URL."""
+    """Tells the events ``notify.events`` chose for one run to every sink configured."""
 
     def __init__(self, config: Config, environ: Mapping[str, str], *, speaks: bool) -> None:
         """``speaks``: this process posts (rank 0, or the batch shell's helper); on every
         other rank the notifier is silent, so no event is posted twice."""
         self.config = config
         self.job = own_job_id(environ) or "local"
-        url = config.notify.url if speaks else ""
-        self.poster = Poster(url, config.notify.timeout_s) if url else None
+        self.host = socket.gethostname()
+        self.sinks: list[Sink] = sinks_for(config.notify) if speaks else []
 
-    def tell(self, event: str, step: int, detail: str = "") -> None:
-        """Post ``event`` in the background, if it is one of those asked for."""
-        if self.poster is None or event not in self.config.notify.events:
+    def tell(self, event: Event, step: int, detail: str = "") -> None:
+        """Send ``event`` in the background, if it is one of those asked for."""
+        if not self.sinks or event.value not in self.config.notify.events:
             return
         run = self.config.run
-        self.poster.post(Notice(event, run.dir, run.name, self.job, step, detail).body())
+        notice = Notice(event, run.dir, run.name, self.job, step, detail, self.host)
+        for sink in self.sinks:
+            sink.send(notice)
 
     def close(self, grace_s: float = LEAVE_GRACE_S) -> None:
         """Before the process leaves: a short grace for posts not yet sent, never for answers."""
-        if self.poster is not None:
-            self.poster.close(grace_s)
+        close_all(self.sinks, grace_s)
 
 
 def shell_tells_failures(environ: Mapping[str, str]) -> bool:

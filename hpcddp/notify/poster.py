@@ -29,13 +29,13 @@ class Poster:
         self._last: _Progress | None = None
         self._lock = threading.Lock()
 
-    def post(self, body: dict[str, Any]) -> None:
-        """Send ``body`` as JSON soon; returns at once."""
+    def post(self, body: dict[str, Any], what: str) -> None:
+        """Send ``body`` as JSON soon; returns at once. ``what`` names it in the log."""
         now = _Progress()
         with self._lock:
             before, self._last = self._last, now
         thread = threading.Thread(
-            target=self._send, args=(body, before, now), name="hpcddp-notify", daemon=True
+            target=self._send, args=(body, what, before, now), name="hpcddp-notify", daemon=True
         )
         thread.start()
 
@@ -51,20 +51,21 @@ class Poster:
         )
         return False
 
-    def _send(self, body: dict[str, Any], before: "_Progress | None", now: "_Progress") -> None:
+    def _send(
+        self, body: dict[str, Any], what: str, before: "_Progress | None", now: "_Progress"
+    ) -> None:
         """Send after the previous post (see the module docstring), then wait for the answer:
         only this thread waits."""
         if before is not None:
             before.sent.wait(self.timeout_s)
             before.answered.wait(ORDER_WAIT_S)
         try:
-            self._post(body, now)
+            self._post(body, what, now)
         finally:
             now.sent.set()
             now.answered.set()
 
-    def _post(self, body: dict[str, Any], now: "_Progress") -> None:
-        event = body.get("event", "?")
+    def _post(self, body: dict[str, Any], event: str, now: "_Progress") -> None:
         try:
             connection = self._connect()
             connection.request("POST", _target(self.url), json.dumps(body).encode(), _HEADERS)

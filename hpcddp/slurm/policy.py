@@ -53,12 +53,13 @@ from hpcddp.resilience.rules import (
     after_step,
     first_hosts,
 )
+from hpcddp.run_events import Event
 from hpcddp.slurm import chain
 from hpcddp.storage import attempts
 
 # What a failed attempt's record says came next, and the notice it is told with.
 THEN = {Action.RUN: "restart", Action.REQUEUE: "requeue", Action.STOP: "stop"}
-TOLD = {Action.RUN: "restarted", Action.REQUEUE: "requeued", Action.STOP: "failed"}
+TOLD = {Action.RUN: Event.RESTARTED, Action.REQUEUE: Event.REQUEUED, Action.STOP: Event.FAILED}
 
 
 def _hosts(expr: str) -> tuple[str, ...]:
@@ -189,7 +190,7 @@ def _tell(
     notifier = Notifier(config, environ, speaks=True)
     step = attempts.saved_step(config.run.dir)
     if hang is not None:
-        notifier.tell("hang", step, hang.what)
+        notifier.tell(Event.HANG, step, hang.what)
     notifier.tell(TOLD[decision.action], step, decision.message.removeprefix("hpcddp: "))
     notifier.close()
 

@@ -1,21 +1,19 @@
-"""How a run ended, as its ``summary.json`` says: the one reader of that file's verdict for
-`hpcddp status` and for a chain's links deciding whether to carry on.
+"""How a run ended, as its summary says: the verdict `hpcddp status` and a chain's links
+(deciding whether to carry on) read from it (`hpcddp.run_files.read_summary`).
 
-Only a file written since the job was submitted counts (minus a second of clock slack): a
+Only a summary written since the job was submitted counts (minus a second of clock slack): a
 summary left by an earlier run in the same directory says nothing about this job.
 """
 
 import dataclasses
-import json
 import os
-import pathlib
 
-SUMMARY = "summary.json"
+from hpcddp.run_files import SUMMARY, DamagedSummary, read_summary
 
 
 @dataclasses.dataclass(frozen=True)
 class RunEnd:
-    """What a fresh summary.json says: completed, failed with a reason, or unreadable."""
+    """What a fresh summary says: completed, failed with a reason, or unreadable."""
 
     failed: bool = False
     reason: str = ""
@@ -23,17 +21,13 @@ class RunEnd:
 
 
 def read(run_dir: str | os.PathLike[str], since: float) -> RunEnd | None:
-    """The run's end, or None when no summary.json was written since ``since`` (epoch s)."""
-    path = pathlib.Path(run_dir) / SUMMARY
+    """The run's end, or None when no summary was written since ``since`` (epoch s)."""
     try:
-        if path.stat().st_mtime < since - 1:
-            return None
-    except OSError:
-        return None
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
+        summary = read_summary(run_dir, since=since)
+    except DamagedSummary:
         return RunEnd(damaged=True)
-    if isinstance(summary, dict) and summary.get("status") == "failed":
-        return RunEnd(failed=True, reason=str(summary.get("reason", f"see {SUMMARY}")))
+    if summary is None:
+        return None
+    if summary.failed:
+        return RunEnd(failed=True, reason=summary.reason or f"see {SUMMARY}")
     return RunEnd()

@@ -2,7 +2,7 @@
 
 The state comes from Slurm while Slurm remembers the job (`hpcddp.slurm.queue`), and from the
 job index (`hpcddp.slurm.index`) and the run's own files afterwards. A job is only ever called
-COMPLETED when its run directory holds a ``summary.json`` written after it was submitted: a
+COMPLETED when its run directory holds a summary written after it was submitted: a
 batch script can exit 0 after the training failed (a failed job reported as COMPLETED is
 hydra#1928).
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 from hpcddp.errors import ConfigError
 from hpcddp.outcome import RunOutcome
+from hpcddp.run_files import SUMMARY, rank_log, summary_path
 from hpcddp.slurm import run_end
 from hpcddp.slurm.index import JobRecord, find_records, jobs_dir
 from hpcddp.slurm.queue import LEFT_QUEUE, Runner, SlurmUnreachable, scontrol_record
@@ -33,7 +34,7 @@ def file_outcome(record: JobRecord) -> str | None:
     if end is None:
         return None
     if end.damaged:
-        return "UNKNOWN (summary.json is damaged)"
+        return f"UNKNOWN ({SUMMARY} is damaged)"
     # FAILED: a run that stopped itself as failed (a non-finite loss)
     return f"FAILED ({end.reason})" if end.failed else "COMPLETED"
 
@@ -59,8 +60,8 @@ def final_state(slurm_state: str | None, outcome: str | None) -> str:
     if outcome:
         return outcome
     if slurm_state == "COMPLETED":
-        return "UNKNOWN (Slurm says COMPLETED, but this job wrote no summary.json)"
-    return "UNKNOWN (the scheduler has forgotten the job and its run left no summary.json)"
+        return f"UNKNOWN (Slurm says COMPLETED, but this job wrote no {SUMMARY})"
+    return f"UNKNOWN (the scheduler has forgotten the job and its run left no {SUMMARY})"
 
 
 def local_alive(pid: str) -> bool:
@@ -93,7 +94,7 @@ class JobStatus:
         if self.reason and self.state == "PENDING":
             rows.append(("reason", self.reason))
         run_dir = self.run_dir or "unknown (not submitted with hpcddp submit)"
-        rows += [("run dir", run_dir), ("summary.json", "yes" if self.summary else "no")]
+        rows += [("run dir", run_dir), (SUMMARY, "yes" if self.summary else "no")]
         if self.stdout:
             rows.append(("output", self.stdout))
         if self.recovery:
@@ -138,7 +139,7 @@ def _record_status(record: JobRecord, run: Runner | None) -> JobStatus:
     else:
         state = slurm.get("JobState") if slurm else LEFT_QUEUE
     outcome = file_outcome(record)
-    summary = (pathlib.Path(record.run_dir) / "summary.json").exists()
+    summary = summary_path(record.run_dir).exists()
     recovered = attempts.last_recovery(record.run_dir)
     return JobStatus(
         job_id=record.name,
@@ -171,7 +172,7 @@ def log_paths(
             f"task, e.g. `hpcddp logs {records[0].job_id}`."
         )
     if records and rank is not None:
-        return [pathlib.Path(records[0].run_dir) / "logs" / f"rank-{rank}.log"]
+        return [rank_log(records[0].run_dir, rank)]
     if records:
         return [pathlib.Path(records[0].stdout), pathlib.Path(records[0].stderr)]
     slurm = scontrol_record(job_id, run)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpcddp.resilience.rules import Failure
+from hpcddp.run_files import metrics_path
 from hpcddp.slurm.index import JobRecord
 from hpcddp.slurm.queue import ACTIVE_STATES, Runner, query_states
 from hpcddp.slurm.status import file_outcome, final_state, local_alive, read_result
@@ -155,7 +156,7 @@ def _better(key: str, value: float, than: float) -> bool:
 
 def _run_figures(run_dir: str) -> tuple[int | None, dict[str, float], dict[str, float]]:
     """(the latest step, final eval metrics, best eval metrics) of one run directory."""
-    path = pathlib.Path(run_dir) / "metrics.jsonl"
+    path = metrics_path(run_dir)
     records = jsonl_records(path)[0] if path.exists() else []
     steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
     return (max(steps) if steps else None), *eval_figures(records)

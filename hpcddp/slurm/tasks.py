@@ -4,9 +4,7 @@ submitit pickles these on the login node and calls them in each task; torch and 
 are imported inside ``__call__``, so submitting never imports them.
 """
 
-import json
 import os
-import pathlib
 from typing import Any
 
 import submitit
@@ -18,6 +16,7 @@ from hpcddp.errors import ConfigError
 from hpcddp.launch import collector
 from hpcddp.outcome import RunOutcome, StopReason
 from hpcddp.resilience import rules
+from hpcddp.run_files import read_summary
 from hpcddp.slurm import chain
 
 
@@ -83,9 +82,9 @@ class ChainLink:
         self._cancel(rest, why)
 
     def summary_outcome(self) -> RunOutcome:
-        """The ended run's outcome, from its summary.json."""
-        summary = json.loads((pathlib.Path(self.run_dir) / "summary.json").read_text())
-        return RunOutcome(step=int(summary.get("steps", 0)), summary=summary)
+        """The ended run's outcome, from its summary."""
+        summary = read_summary(self.run_dir)
+        return RunOutcome(step=summary.steps if summary else 0, summary=summary)
 
     def _cancel(self, rest: tuple[str, ...], why: str) -> None:
         if why and self.rank == 0:

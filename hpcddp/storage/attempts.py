@@ -23,17 +23,18 @@ import pathlib
 import time
 from typing import Any
 
+from hpcddp import run_files
 from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, SIDECAR_SUFFIX
 
 log = logging.getLogger(__name__)
 
-FILE = "attempts.jsonl"
-STARTS = "starts.jsonl"
+FILE = run_files.ATTEMPTS
+STARTS = run_files.STARTS
 
 
 def saved_step(run_dir: str | os.PathLike[str]) -> int:
     """The step of the newest complete checkpoint in the run directory (0 when none)."""
-    folder = pathlib.Path(run_dir) / "checkpoints"
+    folder = pathlib.Path(run_dir) / run_files.CHECKPOINTS
     try:
         names = set(os.listdir(folder))
     except OSError:
@@ -112,7 +113,7 @@ def record_start(
 
 def hang_dir(run_dir: str | os.PathLike[str], job: str, restart: int) -> pathlib.Path:
     """Where one attempt's hang watchdog writes every rank's stacks and its verdict."""
-    return pathlib.Path(run_dir) / "logs" / "hang" / f"job-{job or 'local'}.{restart}"
+    return pathlib.Path(run_dir) / run_files.LOGS / "hang" / f"job-{job or 'local'}.{restart}"
 
 
 def take_hang_verdict(
@@ -124,7 +125,7 @@ def take_hang_verdict(
     failure of the same job (a restart on a spare node keeps the job and its restart count) is
     never blamed on an old hang; the verdict itself stays where the user looks for it.
     """
-    path = hang_dir(run_dir, job, restart) / "verdict.json"
+    path = hang_dir(run_dir, job, restart) / run_files.HANG_VERDICT
     taken = path.with_name("verdict.taken")
     if taken.exists():
         return None

@@ -15,9 +15,10 @@ import os
 import pathlib
 from typing import Any
 
+from hpcddp import run_files
 from hpcddp.storage.atomic import atomic_write_text
 
-FILE = "chain.json"
+FILE = run_files.CHAIN
 
 
 @dataclasses.dataclass(frozen=True)

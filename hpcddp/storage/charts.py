@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpcddp.errors import HpcddpError
+from hpcddp.run_files import METRICS_PNG, metrics_path
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +140,9 @@ PANELS = (_draw_loss, _draw_eval, _draw_throughput, _draw_spread)
 def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None) -> pathlib.Path:
     """Draw RUN_DIR/metrics.jsonl into a PNG (default RUN_DIR/metrics.png); return its path."""
     run_dir = pathlib.Path(run_dir)
-    metrics = read_metrics(run_dir / "metrics.jsonl")
+    metrics = read_metrics(metrics_path(run_dir))
     plt = _pyplot()
-    out = pathlib.Path(out) if out else run_dir / "metrics.png"
+    out = pathlib.Path(out) if out else run_dir / METRICS_PNG
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(8, 11), sharex=True)
     try:
         for ax, draw in zip(axes, PANELS, strict=True):
@@ -186,7 +187,7 @@ def plot_sweep(
     loaded, missing = [], []
     for label, run_dir in curves:
         try:
-            loaded.append((label, read_metrics(pathlib.Path(run_dir) / "metrics.jsonl")))
+            loaded.append((label, read_metrics(metrics_path(run_dir))))
         except PlotError:
             missing.append(label)
     if not loaded:

@@ -21,11 +21,12 @@ import subprocess
 from collections.abc import Iterable
 from typing import Any
 
+from hpcddp import run_files
 from hpcddp.storage.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
-FILE = "provenance.json"
+FILE = run_files.PROVENANCE
 MAX_DIFF_BYTES = 8 << 20  # a diff bigger than this is summarized, not stored
 DISTRIBUTIONS = ("torch", "hpcddp", "numpy")
 

@@ -1,14 +1,6 @@
 """The run directory: created once by rank 0, never silently reused by a different run.
 
-Layout::
-
-    RUN_DIR/config.yaml      the resolved configuration
-    RUN_DIR/checkpoints/     step-numbered, complete checkpoints only
-    RUN_DIR/logs/rank-N.log  one log per rank
-    RUN_DIR/metrics.jsonl    one line per logged step and evaluation (`hpcddp.storage.metrics_log`)
-    RUN_DIR/summary.json     written when the run completes
-    RUN_DIR/attempts.jsonl   every attempt: nodes, why it ended, steps (`hpcddp.storage.attempts`)
-    RUN_DIR/provenance.json  the code, versions and job that ran (`hpcddp.storage.provenance`)
+What it holds, and every file's name, is `hpcddp.run_files`'s.
 
 ``run.resume=false`` never mixes two runs in one directory: an existing run is refused, or
 with ``run.overwrite=true`` moved aside whole; only a requeued attempt of the same Slurm job
@@ -24,9 +16,10 @@ from typing import Any
 
 import yaml
 
+from hpcddp import run_files
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
-from hpcddp.storage import attempts, provenance
+from hpcddp.storage import provenance
 from hpcddp.storage.atomic import atomic_write_text
 from hpcddp.storage.runlock import RunLock
 
@@ -85,8 +78,8 @@ class Attempt:
 
 
 def _holds_a_run(root: pathlib.Path) -> bool:
-    markers = ("config.yaml", "metrics.jsonl", "summary.json", attempts.FILE)
-    checkpoints = root / "checkpoints"
+    markers = (run_files.CONFIG, run_files.METRICS, run_files.SUMMARY, run_files.ATTEMPTS)
+    checkpoints = root / run_files.CHECKPOINTS
     return any((root / m).exists() for m in markers) or (
         checkpoints.is_dir() and any(checkpoints.iterdir())
     )
@@ -161,8 +154,8 @@ def _check_code(config: Config, root: pathlib.Path, attempt: Attempt) -> None:
 
 def _make(root: pathlib.Path) -> None:
     try:
-        (root / "checkpoints").mkdir(parents=True, exist_ok=True)
-        (root / "logs").mkdir(exist_ok=True)
+        (root / run_files.CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+        (root / run_files.LOGS).mkdir(exist_ok=True)
     except OSError as err:
         raise ConfigError(
             f"cannot create run directory {root}: {err.strerror}. "
@@ -183,7 +176,7 @@ def prepare(
     if lock is not None:
         lock.acquire()
     _fresh_start(config, root, attempt, lock)
-    saved_path = root / "config.yaml"
+    saved_path = root / run_files.CONFIG
     if saved_path.exists() and not config.run.force:
         diffs = config_differences(_saved_config(saved_path), config.to_dict())
         if diffs:

@@ -10,6 +10,7 @@ import pathlib
 from typing import Any
 
 from hpcddp.errors import ConfigError
+from hpcddp.run_files import CONFIG, METRICS, DamagedSummary, read_summary
 from hpcddp.storage.runlock import holder
 
 # metrics.jsonl keys shown by `hpcddp status`, in this order, when the latest line has them
@@ -45,32 +46,21 @@ def jsonl_records(path: pathlib.Path) -> tuple[list[dict[str, Any]], int]:
     return records, damaged
 
 
-def _json(path: pathlib.Path) -> tuple[dict[str, Any] | None, str]:
-    """(the file's object, '') or (None, what is wrong with it)."""
-    try:
-        found = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None, "no"
-    except (OSError, ValueError) as err:
-        return None, f"damaged ({err})"
-    return (found, "") if isinstance(found, dict) else (None, "damaged (not an object)")
-
-
 def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def run_lines(run_dir: pathlib.Path) -> list[str]:
     """``key: value`` lines describing the run in ``run_dir``."""
-    if not (run_dir / "config.yaml").exists() and not (run_dir / "metrics.jsonl").exists():
+    if not (run_dir / CONFIG).exists() and not (run_dir / METRICS).exists():
         raise ConfigError(
-            f"{run_dir} is not a run directory (no config.yaml or metrics.jsonl). "
+            f"{run_dir} is not a run directory (no {CONFIG} or {METRICS}). "
             "HINT: pass the run's run.dir, or a Slurm job id."
         )
     rows: list[tuple[str, str]] = [("run dir", str(run_dir))]
     lock = holder(run_dir)
     rows.append(("held by", _holder(lock) if lock else "nobody (not running now)"))
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS
     records, damaged = jsonl_records(metrics) if metrics.exists() else ([], 0)
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if any(k.startswith("eval_") for k in r)]
@@ -83,16 +73,21 @@ def run_lines(run_dir: pathlib.Path) -> list[str]:
     resumes = sum(1 for r in records if r.get("event") == "resumed")
     rows.append(("resumed", f"{resumes} time(s)"))
     if damaged:
-        rows.append(("metrics.jsonl", f"{damaged} damaged line(s) skipped"))
-    summary, problem = _json(run_dir / "summary.json")
-    rows.append(("finished", _finished(summary) if summary else problem))
+        rows.append((METRICS, f"{damaged} damaged line(s) skipped"))
+    rows.append(("finished", _finished(run_dir)))
     return [f"{key + ':':<18}{value}" for key, value in rows]
 
 
-def _finished(summary: dict[str, Any]) -> str:
-    """ "yes", or why the run ended without finishing (a non-finite loss, say)."""
-    if summary.get("status") == "failed":
-        return f"no: failed at step {summary.get('steps')} ({summary.get('reason', '?')})"
+def _finished(run_dir: pathlib.Path) -> str:
+    """ "yes", "no", or why the run ended without finishing (a non-finite loss, say)."""
+    try:
+        summary = read_summary(run_dir)
+    except DamagedSummary as err:
+        return f"damaged ({err})"
+    if summary is None:
+        return "no"
+    if summary.failed:
+        return f"no: failed at step {summary.steps} ({summary.reason or '?'})"
     return "yes"
 
 

@@ -33,10 +33,11 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from hpcddp import run_files
 from hpcddp.errors import ConfigError
 from hpcddp.storage.atomic import atomic_write_text
 
-FILE = "sweep.json"
+FILE = run_files.SWEEP_MANIFEST
 FORMAT = 1
 
 

@@ -1,7 +1,8 @@
 """The end of a run: every rank's weights checked equal and summary.json written, or a
 non-finite stop explained the same way on every rank.
 
-Both end in `hpcddp.train.summary.write_summary` (rank 0), in the one shape it defines.
+Both end in `hpcddp.train.summary.write_summary` (rank 0), in the one shape
+`hpcddp.run_files.RunSummary` defines.
 """
 
 import logging
@@ -12,12 +13,13 @@ from hpcddp.comm import collectives
 from hpcddp.errors import DistributedError, NonFiniteError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome
+from hpcddp.run_files import FAILED, FINISHED, summary_path
 from hpcddp.storage import attempts
 from hpcddp.train import ddp, guard
 from hpcddp.train.assembly import Parts
 from hpcddp.train.state import Progress, weights_sha256
 from hpcddp.train.stopping import Stopping
-from hpcddp.train.summary import FILE, RunSummary, write_summary
+from hpcddp.train.summary import summary_of, write_summary
 from hpcddp.train.timeline import Timeline, summarise, table
 
 log = logging.getLogger(__name__)
@@ -46,10 +48,10 @@ def finish(
             "with rank 0): DDP replicas diverged."
         )
     spent = summarise([seconds for _, _, seconds in gathered], hosts)
-    summary = RunSummary.of("finished", env, hosts, progress, weights_sha256=digest,
-                            timeline=spent, evaluation=evaluated or {})  # fmt: skip
+    summary = summary_of(FINISHED, env, hosts, progress, weights_sha256=digest, timeline=spent)
+    summary.evaluation = evaluated or {}
     # a re-run of a finished run trains nothing and changes nothing (its timeline included)
-    rerun = progress.step == stopping.resumed_step and (run_dir / FILE).exists()
+    rerun = progress.step == stopping.resumed_step and summary_path(run_dir).exists()
     if env.is_main and not rerun:
         stopping.record_attempt("finished", progress.step)
         summary.attempts = attempts.history(run_dir)
@@ -58,7 +60,7 @@ def finish(
         log.info("finished: %d steps, final loss %.4f, weights %s",
                  progress.step, progress.last_loss, digest[:12])  # fmt: skip
         log.info("where the time went (seconds per rank):\n%s", table(spent))
-    return RunOutcome(step=progress.step, summary=summary.as_dict())
+    return RunOutcome(step=progress.step, summary=summary)
 
 
 def refuse_nonfinite(
@@ -73,9 +75,8 @@ def refuse_nonfinite(
     text = guard.message(step, ranks, progress.skipped_steps, latest, policy,
                          parts.guard.collapsed_scale)  # fmt: skip
     if env.is_main:
-        summary = RunSummary.of("failed", env, parts.hosts, progress, reason="nonfinite",
-                                first_rank=ranks[0] if ranks else None,
-                                latest_checkpoint=latest, message=text)  # fmt: skip
-        summary.steps = step
+        summary = summary_of(FAILED, env, parts.hosts, progress, reason="nonfinite", message=text)
+        summary.first_rank = ranks[0] if ranks else None
+        summary.latest_checkpoint, summary.steps = latest, step
         write_summary(run_dir, summary)
     raise NonFiniteError(text)

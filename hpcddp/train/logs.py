@@ -13,6 +13,7 @@ import sys
 from typing import TextIO
 
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.run_files import rank_log_name
 
 _MARK = "_hpcddp_handler"
 # ``log.error(..., extra=FILE_ONLY)``: for this rank's log file, not the console (where the
@@ -56,7 +57,7 @@ def setup_logging(env: DistEnv, log_dir: pathlib.Path | None = None) -> None:
     handlers: list[logging.Handler] = [console]
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        to_file = logging.FileHandler(log_dir / f"rank-{env.rank}.log")
+        to_file = logging.FileHandler(log_dir / rank_log_name(env.rank))
         _FATAL_STACKS.start(to_file.stream)
         handlers.append(to_file)
     for handler in handlers:

@@ -24,6 +24,7 @@ from hpcddp.config import Config
 from hpcddp.launch import collector
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.run_files import rank_log
 from hpcddp.storage import attempts
 from hpcddp.storage.rundir import Attempt
 from hpcddp.train import batches, data, ddp, ending, flops, preemption, rng, usercode
@@ -88,7 +89,7 @@ class TrainingRun:
                 reason = self._train()
             return self.notices.completed(self._end(reason))
         except Exception as err:
-            with (self.run_dir / "logs" / f"rank-{self.env.rank}.log").open("a") as log_file:
+            with rank_log(self.run_dir, self.env.rank).open("a") as log_file:
                 faulthandler.dump_traceback(log_file)  # every thread's stack, for post-mortems
             explained = failures.explain(err, self.env, self.cfg.dist.timeout_s)
             explained = usercode.blame(explained, self.env, "your code in training")

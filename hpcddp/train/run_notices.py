@@ -1,11 +1,13 @@
-"""What rank 0 tells the webhook (``notify.url``) as a run goes: the trainer's side of
-`hpcddp.notify`. Every rank holds one; only rank 0's posts (`Notifier`'s ``speaks``)."""
+"""What rank 0 tells the webhooks (``notify.url``, ``notify.slack_url``) as a run goes: the
+trainer's side of `hpcddp.notify`. Every rank holds one; only rank 0's posts (`Notifier`'s
+``speaks``)."""
 
 from hpcddp.config import Config
 from hpcddp.errors import NonFiniteError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.notify.notices import Notifier, shell_tells_failures
 from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.run_events import Event
 
 
 class RunNotices:
@@ -20,20 +22,21 @@ class RunNotices:
         env = self.env
         start = f"resumed from step {step}" if step else "from the start"
         where = f"{env.world_size} ranks on {env.num_nodes} node(s), {start}"
-        self.notifier.tell("started", step, where)
+        self.notifier.tell(Event.STARTED, step, where)
 
     def stopped(self, reason: StopReason, step: int) -> None:
         """A preempted run, told before its requeue (which ends the job's processes); other
         stops (asked for, Ctrl-C, scancel) are not events."""
         if reason == StopReason.PREEMPTED:
-            self.notifier.tell("preempted", step, "checkpoint saved, requeueing")
+            self.notifier.tell(Event.PREEMPTED, step, "checkpoint saved, requeueing")
 
     def completed(self, outcome: RunOutcome) -> RunOutcome:
         """A run that trained to the end (summary.json written) is "completed"; the outcome,
         whatever it is, is handed back."""
         if outcome.finished:
-            loss = outcome.summary.get("final_loss")
-            self.notifier.tell("completed", outcome.step, f"final loss {loss:.4g}" if loss else "")
+            loss = outcome.summary.final_loss if outcome.summary else None
+            said = f"final loss {loss:.4g}" if loss else ""
+            self.notifier.tell(Event.COMPLETED, outcome.step, said)
         return outcome
 
     def failed(self, err: BaseException, step: int) -> None:
@@ -41,9 +44,9 @@ class RunNotices:
         this job: its batch shell tells the failure once it knows what follows (a requeue?)."""
         first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
         if isinstance(err, NonFiniteError):
-            self.notifier.tell("nan", step, first_line)
+            self.notifier.tell(Event.NAN, step, first_line)
         elif not shell_tells_failures(self.env.environ):
-            self.notifier.tell("failed", step, first_line)
+            self.notifier.tell(Event.FAILED, step, first_line)
 
     def close(self) -> None:
         """A short grace for posts not yet sent, none for answers."""

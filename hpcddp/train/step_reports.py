@@ -14,6 +14,7 @@ import torch
 
 from hpcddp.config import Config
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.run_files import metrics_path
 from hpcddp.storage import provenance
 from hpcddp.storage.metrics_log import MetricsLog
 from hpcddp.storage.tracking import Tracker
@@ -46,7 +47,7 @@ class Reports:
             params = self._params(run_dir)
             tracker = Tracker(tracking.backends, run_dir, step, params, project)
         restarts = self.env.environ.get("SLURM_RESTART_COUNT", "")
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl", step, tracker, restarts)
+        self.metrics = MetricsLog(metrics_path(run_dir), step, tracker, restarts)
 
     def _params(self, run_dir: pathlib.Path) -> dict[str, Any]:
         """What a tracking run records about itself: config, world, hosts, code."""

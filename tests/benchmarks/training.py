@@ -265,7 +265,7 @@ def worker(arm: str, config_path: str, result_path: str) -> int:
     if arm.startswith("trainer"):
         _set_vote(arm)
         summary = Trainer(model_fn, dataset_fn, config).fit(env).summary
-        digest, steps = summary["weights_sha256"], summary["steps"]
+        digest, steps = summary.weights_sha256, summary.steps
     else:
         fused = arm == "identical" and config.optim.fused
         model, steps = hand_written_ddp(

@@ -97,8 +97,8 @@ def test_chargpt_trains_a_few_steps_from_a_file_url(tmp_path, in_process_run):
     result = (
         Trainer(config=config).fit(resolve_env({})).summary
     )  # a world of one, wherever pytest runs
-    assert result["steps"] == 3
-    assert 0 < result["eval_loss"] < 5  # ~log(56) = 4.0 at the start
+    assert result.steps == 3
+    assert 0 < result.evaluation["eval_loss"] < 5  # ~log(56) = 4.0 at the start
     assert (tmp_path / "data" / "tiny-corpus.txt").read_bytes() == CORPUS.read_bytes()
 
 

@@ -66,8 +66,8 @@ def dicts():
 def test_outputs_and_batches_of_every_shape_train_and_evaluate(tmp_path, shape, dataset):
     config = load_config(QUICKSTART, [f"run.dir={tmp_path}", "data.kwargs={}", "train.epochs=4"])
     result = Trainer(lambda **kw: Shaped(shape), dataset, config).fit(resolve_env({})).summary
-    assert result["steps"] == 32 and result["eval_accuracy"] > 0.6
-    assert result["eval_loss"] < 1.0 and result["final_loss"] < 1.0
+    assert result.steps == 32 and result.evaluation["eval_accuracy"] > 0.6
+    assert result.evaluation["eval_loss"] < 1.0 and result.final_loss < 1.0
 
 
 class Regressor(nn.Module):
@@ -103,9 +103,10 @@ def test_a_regression_model_reports_mse_and_mae(tmp_path):
         ],
     )
     result = Trainer(Regressor, regression_data, config).fit(resolve_env({})).summary
-    assert "eval_accuracy" not in result
-    assert result["eval_mse"] == pytest.approx(result["eval_loss"]) and result["eval_mse"] < 1.0
-    assert 0 < result["eval_mae"] < 1.0
+    metrics = result.evaluation
+    assert "eval_accuracy" not in metrics
+    assert metrics["eval_mse"] == pytest.approx(metrics["eval_loss"]) and metrics["eval_mse"] < 1.0
+    assert 0 < metrics["eval_mae"] < 1.0
 
 
 def empty_eval():

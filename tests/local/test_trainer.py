@@ -10,6 +10,7 @@ from hpcddp import Trainer
 from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.resolve import resolve_env
+from hpcddp.run_files import read_summary
 from hpcddp.train.data import default_num_workers
 from tests.fixtures.helpers import EXACT, QUICKSTART, TINY, run_cli, summary, train_local
 
@@ -71,8 +72,8 @@ def test_only_rank_zero_writes_and_every_rank_logs(tmp_path):
 def test_single_process_fit_in_python_api(tmp_path):
     config = load_config(QUICKSTART, [f"run.dir={tmp_path}", *EXACT, "train.epochs=1"])
     result = Trainer(config=config).fit(resolve_env({})).summary
-    assert result["world_size"] == 1 and result["steps"] == 32
-    assert result == summary(tmp_path)
+    assert result.world_size == 1 and result.steps == 32
+    assert result == read_summary(tmp_path)
     assert not torch.distributed.is_initialized()  # the group is always torn down
 
 
@@ -81,7 +82,7 @@ def test_python_api_takes_callables(tmp_path):
 
     config = load_config(QUICKSTART, [f"run.dir={tmp_path}", *EXACT, "train.max_steps=3"])
     result = Trainer(make_model, make_dataset, config).fit(resolve_env({})).summary
-    assert result["steps"] == 3
+    assert result.steps == 3
 
 
 def test_different_config_is_not_resumed_into(tmp_path):
@@ -96,7 +97,7 @@ def test_different_config_is_not_resumed_into(tmp_path):
         QUICKSTART,
         [f"run.dir={tmp_path}", *EXACT, "train.max_steps=4", "optim.lr=0.1", "run.force=true"],
     )
-    assert Trainer(config=forced).fit(resolve_env({})).summary["steps"] == 4
+    assert Trainer(config=forced).fit(resolve_env({})).summary.steps == 4
 
 
 def test_resume_with_another_world_size_is_refused(tmp_path):
@@ -116,7 +117,7 @@ def test_fp16_trains_on_cpu_with_loss_scaling(tmp_path):
         [f"run.dir={tmp_path}", *TINY, "train.precision=fp16", "train.log_every_steps=1"],
     )
     outcome = Trainer(config=config).fit(resolve_env({}))
-    assert outcome.finished and outcome.summary["overflow_steps"] == 0
+    assert outcome.finished and outcome.summary.overflow_steps == 0
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["loss_scale"] for line in lines if "loss" in line] == [2.0**16, 2.0**16]
 
@@ -133,7 +134,7 @@ def test_bf16_autocast_trains_on_cpu(tmp_path):
         ],
     )
     result = Trainer(config=config).fit(resolve_env({})).summary
-    assert result["steps"] == 3 and result["final_loss"] == result["final_loss"]  # not NaN
+    assert result.steps == 3 and result.final_loss == result.final_loss  # not NaN
 
 
 @pytest.mark.parametrize(
@@ -241,7 +242,7 @@ def test_resume_is_exact_with_a_dataset_that_draws_random_numbers(tmp_path):
     for stop in ("train.stop_after_steps=5", "train.stop_after_steps=0"):
         config = load_config(QUICKSTART, [f"run.dir={tmp_path}/b", *common, stop])
         got = Trainer(make_model, noisy_data, config).fit(resolve_env({})).summary
-    assert got["weights_sha256"] == expected["weights_sha256"]
+    assert got.weights_sha256 == expected.weights_sha256
 
 
 def test_max_steps_beyond_one_epoch_runs_them_all(tmp_path):
@@ -249,7 +250,7 @@ def test_max_steps_beyond_one_epoch_runs_them_all(tmp_path):
         QUICKSTART, [f"run.dir={tmp_path}", *EXACT, "train.epochs=1", "train.max_steps=70"]
     )  # 32 steps per epoch here
     result = Trainer(config=config).fit(resolve_env({})).summary
-    assert result["steps"] == 70 and result["epochs"] == 3
+    assert result.steps == 70 and result.epochs == 3
 
 
 class CompileWitness(torch.nn.Module):
@@ -281,7 +282,7 @@ def test_torch_compile_trains_the_compiled_model(tmp_path, monkeypatch):
         QUICKSTART, [f"run.dir={tmp_path}", *EXACT, "train.max_steps=3", "train.compile=true"]
     )
     result = Trainer(CompileWitness, make_dataset, config).fit(resolve_env({})).summary
-    assert result["steps"] == 3 and result["final_loss"] < 2
+    assert result.steps == 3 and result.final_loss < 2
     assert CompileWitness.traced
     keys = torch.load(next((tmp_path / "checkpoints").glob("*.pt")), weights_only=True)["model"]
     assert all(not k.startswith("_orig_mod") for k in keys)  # checkpoints stay portable

@@ -12,6 +12,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 import hpcddp
 from hpcddp.outcome import StopReason
+from hpcddp.run_files import read_summary
 from hpcddp.slurm import submission
 from tests.fixtures.helpers import QUICK, REPO, run_cli, summary, wait_until
 
@@ -49,9 +50,9 @@ def test_submit_two_nodes_from_the_login_node(cluster, tmp_path):
     )
     assert isinstance(job, submission.SlurmRun) and job.num_tasks == 4
     done = job.result().summary  # blocks only here, not in submit()
-    assert done["world_size"] == 4 and done["launcher"] == "slurm"
-    assert done["hosts"] == cluster.ranks_on(2, 2) and done["job_id"] == job.job_id
-    assert done == summary(run_dir)
+    assert done.world_size == 4 and done.launcher == "slurm"
+    assert done.hosts == cluster.ranks_on(2, 2) and done.job_id == job.job_id
+    assert done == read_summary(run_dir)
     script = (run_dir / "submitit" / f"{job.job_id}_submission.sh").read_text()
     assert "#SBATCH --requeue" in script and "--kill-on-bad-exit=1" in script
 
@@ -101,8 +102,8 @@ def test_sweep_is_one_array_with_limited_parallelism(cluster, tmp_path):
     assert (base / "sweep.json").is_file()  # the sweep directory knows itself
     assert dirs == ["0-optim.lr=0.001", "1-optim.lr=0.003"]
     for name, result in zip(dirs, results, strict=True):
-        assert summary(base / name) == result and result["world_size"] == 2
-    assert results[0]["weights_sha256"] != results[1]["weights_sha256"]
+        assert read_summary(base / name) == result and result.world_size == 2
+    assert results[0].weights_sha256 != results[1].weights_sha256
 
     status = run_cli("status", array_id, env=cluster.cli_env, timeout=60)
     blocks = [fields(block) for block in status.stdout.strip().split("\n\n")]
@@ -200,7 +201,7 @@ def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path
         done = job.result().summary
     finally:
         cluster.run("scancel", job.job_id, check=False)
-    assert done["steps"] == 8 * 2048 // 2 // 64 and done["world_size"] == 2
+    assert done.steps == 8 * 2048 // 2 // 64 and done.world_size == 2
     assert "Restarts=1" in cluster.run("scontrol", "show", "job", job.job_id).stdout
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert "requeued" in log and "resumed from step" in log

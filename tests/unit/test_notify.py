@@ -15,6 +15,7 @@ from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
 from hpcddp.notify import poster
 from hpcddp.notify.notices import Notifier, shell_tells_failures
+from hpcddp.run_events import Event
 from hpcddp.slurm import policy
 from hpcddp.storage import attempts
 from tests.fixtures.webhook import Receiver
@@ -31,7 +32,7 @@ def notifier(url: str, *overrides: str, speaks: bool = True, environ=JOB) -> Not
 def test_a_notice_carries_event_run_job_step_and_a_slack_text():
     with Receiver() as receiver:
         told = notifier(receiver.url)
-        told.tell("preempted", 40, "checkpoint saved, requeued")
+        told.tell(Event.PREEMPTED, 40, "checkpoint saved, requeued")
         told.close()
         (body,) = receiver.wait_for(1)
     assert receiver.paths == ["/hook?token=t"]  # path and query as given
@@ -42,6 +43,8 @@ def test_a_notice_carries_event_run_job_step_and_a_slack_text():
         "job": "12",
         "step": 40,
     }
+    # the JSON webhook's body is what it always was: these keys, this text
+    assert sorted(body) == ["event", "job", "name", "run", "step", "text", "time"]
     assert body["text"] == (
         "hpcddp run a (/runs/a), job 12: preempted at step 40: checkpoint saved, requeued"
     )
@@ -50,18 +53,35 @@ def test_a_notice_carries_event_run_job_step_and_a_slack_text():
     assert notifier(receiver.url, environ=array).job == "30_1"  # as Slurm names a task
 
 
+def test_a_slack_or_mattermost_webhook_gets_one_readable_line_beside_the_json_one():
+    with Receiver() as json_hook, Receiver() as chat:
+        told = notifier(json_hook.url, f"notify.slack_url={chat.url}", "notify.events=[preempted]")
+        told.tell(Event.STARTED, 0)  # not chosen: neither receiver gets it
+        told.tell(Event.PREEMPTED, 40, "checkpoint saved, requeueing")
+        told.close()
+        (line,), (body,) = chat.wait_for(1), json_hook.wait_for(1)
+        time.sleep(0.2)  # anything more would have arrived by now
+    host = socket.gethostname()
+    assert line == {
+        "text": f"hpcddp a: preempted at step 40 on {host} (job 12): checkpoint saved, requeueing"
+    }
+    assert (body["event"], len(chat.bodies), len(json_hook.bodies)) == ("preempted", 1, 1)
+    alone = notifier("", f"notify.slack_url={chat.url}")
+    assert [type(sink).__name__ for sink in alone.sinks] == ["ChatWebhook"]
+
+
 def test_only_the_chosen_events_are_posted_and_only_by_the_process_that_speaks():
     with Receiver() as receiver:
         rank0 = notifier(receiver.url, "notify.events=[completed,failed]")
         rank1 = notifier(receiver.url, "notify.events=[completed,failed]", speaks=False)
         for told in (rank0, rank1):
-            told.tell("started", 0)
-            told.tell("completed", 64)
+            told.tell(Event.STARTED, 0)
+            told.tell(Event.COMPLETED, 64)
             told.close()
         receiver.wait_for(1)
         time.sleep(0.2)  # anything more would have arrived by now
     assert receiver.events() == ["completed"]
-    assert notifier("", speaks=True).poster is None  # no URL: off
+    assert notifier("", speaks=True).sinks == []  # no URL: off
 
 
 def test_posts_arrive_in_the_order_they_were_told():
@@ -69,7 +89,7 @@ def test_posts_arrive_in_the_order_they_were_told():
     with Receiver() as receiver:
         told = notifier(receiver.url)
         for step, event in enumerate(order):
-            told.tell(event, step)
+            told.tell(Event(event), step)
         told.close()
         receiver.wait_for(len(order))
     assert receiver.events() == order
@@ -79,12 +99,12 @@ def test_a_webhook_that_never_answers_costs_the_caller_nothing(caplog):
     with Receiver(answer=False) as receiver:
         told = notifier(receiver.url, "notify.timeout_s=2")
         began = time.perf_counter()
-        told.tell("completed", 64)
-        assert told.poster is not None
-        assert told.poster.close()  # the post left (it waits for that, never for an answer)
+        told.tell(Event.COMPLETED, 64)
+        (sink,) = told.sinks
+        assert sink.close(poster.LEAVE_GRACE_S)  # the post left (waited for; never the answer)
         one = time.perf_counter() - began
         began = time.perf_counter()
-        for event in ("started", "preempted"):
+        for event in (Event.STARTED, Event.PREEMPTED):
             told.tell(event, 1)
         telling = time.perf_counter() - began
         told.close()  # each waits ORDER_WAIT_S for the answer before it: leaving gives up
@@ -111,8 +131,8 @@ def test_a_dead_webhook_is_one_line_in_the_log_and_nothing_else(caplog):
         port = closed.getsockname()[1]
     told = notifier(f"http://127.0.0.1:{port}/hook")
     with caplog.at_level(logging.WARNING, logger="hpcddp.notify"):
-        told.tell("failed", 3, "task 3 on n2: Killed")
-        assert told.poster is not None and told.poster.close()
+        told.tell(Event.FAILED, 3, "task 3 on n2: Killed")
+        assert [sink.close(poster.LEAVE_GRACE_S) for sink in told.sinks] == [True]
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith(f"notify: could not post 'failed' to http://127.0.0.1:{port}/hook: ")
     assert "\n" not in line
@@ -123,6 +143,7 @@ def test_a_dead_webhook_is_one_line_in_the_log_and_nothing_else(caplog):
     [
         ("notify.url=ftp://host/hook", "notify.url='ftp://host/hook' is not an http(s) URL"),
         ("notify.url=hooks.slack.com/x", "is not an http(s) URL"),
+        ("notify.slack_url=hooks.slack.com/x", "notify.slack_url='hooks.slack.com/x' is not an"),
         ("notify.events=[started,finished]", "notify.events='finished' is not one of"),
         ("notify.timeout_s=0", "notify.timeout_s must be > 0"),
     ],
@@ -163,6 +184,25 @@ def test_the_job_script_s_helper_tells_a_requeue_then_the_failure_that_ends_the_
     said = "task 3 on n2: Killed; requeueing job 12 without n2 (failure 1 of at most 2; "
     assert first["text"].endswith(said + "this attempt saved 30 steps)")
     assert second["event"] == "failed" and "this retry gained no step" in second["text"]
+
+
+def test_the_job_script_s_helper_tells_a_chat_channel_too(tmp_path):
+    run_dir = _run_dir_at_step_30(tmp_path)
+    with Receiver() as chat:
+        argv = [
+            "after",
+            "--status",
+            "137",
+            "--srun-error",
+            KILLED,
+            "--node-states",
+            "n1 idle\nn2 idle\nn3 idle",
+        ]
+        argv += [f"run.dir={run_dir}", "run.name=a", f"notify.slack_url={chat.url}"]
+        assert policy.main(argv, {**JOB, "SLURM_RESTART_COUNT": "0"}) == 0
+        ((key, line),) = chat.wait_for(1)[0].items()
+    assert key == "text" and line.startswith("hpcddp a: requeued at step 30 on ")
+    assert "(job 12): task 3 on n2: Killed; requeueing job 12 without n2" in line
 
 
 def test_a_hang_is_told_before_what_follows_it(tmp_path):

@@ -587,9 +587,9 @@ def test_local_submission_runs_two_ranks_and_returns_the_summary(tmp_path, capsy
     )
     assert isinstance(job, submission.LocalRun) and job.num_tasks == 2
     summary = job.result().summary
-    assert summary["world_size"] == 2 and summary["launcher"] == "local"
-    assert summary["job_id"] == job.job_id  # the local controller's pid
-    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    assert summary.world_size == 2 and summary.launcher == "local"
+    assert summary.job_id == job.job_id  # the local controller's pid
+    assert (run_dir / "summary.json").read_text() == summary.to_json()  # the file, as returned
     assert sorted(p.name for p in (run_dir / "submitit").glob("*_result.pkl")) == [
         f"{job.job_id}_0_result.pkl",
         f"{job.job_id}_1_result.pkl",
@@ -628,7 +628,7 @@ def test_without_sbatch_on_path_submit_runs_locally(tmp_path, monkeypatch):
         [f"run.dir={tmp_path}/run", "train.max_steps=2"],
     )
     assert isinstance(job, submission.LocalRun)
-    assert job.result().summary["steps"] == 2
+    assert job.result().summary.steps == 2
 
 
 def test_job_records_are_written_durably(tmp_path, monkeypatch):
