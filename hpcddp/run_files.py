@@ -3,15 +3,15 @@ typed shape, `RunSummary`, which only this module turns into JSON and back.
 
 Layout (``RUN_DIR/``)::
 
-    config.yaml        the resolved configuration (`hpcddp.storage.rundir`)
+    config.yaml        the resolved configuration (`hpcddp.records.rundir`)
     checkpoints/       step-numbered, complete checkpoints only
     logs/rank-N.log    one log per rank; logs/hang/ the hang watchdog's stacks and verdicts
-    metrics.jsonl      one line per logged step and evaluation (`hpcddp.storage.metrics_log`)
+    metrics.jsonl      one line per logged step and evaluation (`hpcddp.records.metrics_log`)
     summary.json       how the run ended: finished, or failed and why (`RunSummary`)
-    attempts.jsonl     every attempt: nodes, why it ended, steps (`hpcddp.storage.attempts`)
+    attempts.jsonl     every attempt: nodes, why it ended, steps (`hpcddp.records.attempts`)
     starts.jsonl       when each attempt started and first stepped (for `hpcddp report`)
-    provenance.json    the code, versions and job that ran (`hpcddp.storage.provenance`)
-    chain.json         the jobs of a chain (`hpcddp.storage.chain_record`)
+    provenance.json    the code, versions and job that ran (`hpcddp.records.provenance`)
+    chain.json         the jobs of a chain (`hpcddp.records.chain_record`)
 
 In the ground floor, stdlib only and torch-free: the trainer writes the summary, and the login
 side (``hpcddp status``, chains, sweeps, the submitted task's outcome) reads it, all through
@@ -86,7 +86,7 @@ class RunSummary:
     latest_checkpoint: int | None = None
     message: str | None = None  # the error every rank raised
     timeline: dict[str, Any] | None = None  # per phase: median, slowest rank and its host
-    attempts: list[dict[str, Any]] | None = None  # `hpcddp.storage.attempts.history`
+    attempts: list[dict[str, Any]] | None = None  # `hpcddp.records.attempts.history`
     evaluation: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property

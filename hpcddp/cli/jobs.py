@@ -14,12 +14,12 @@ from hpcddp import exit_codes
 from hpcddp.cli import sweep
 from hpcddp.cli.args import add_cluster_option, add_slurm_options, split_config_and_overrides
 from hpcddp.errors import ConfigError
+from hpcddp.records import sweep_manifest
+from hpcddp.records.runinfo import run_lines
 from hpcddp.run_files import metrics_path
 from hpcddp.slurm.chain_status import chain_lines
 from hpcddp.slurm.options import OPTIONS
 from hpcddp.slurm.status import job_status, log_paths
-from hpcddp.storage import sweep_manifest
-from hpcddp.storage.runinfo import run_lines
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
 """``hpcddp plot RUN_DIR|SWEEP_DIR``: a run's metrics as one PNG, or a sweep's points overlaid
-(drawn by `hpcddp.storage.charts`; a sweep's points and labels from its ``sweep.json``)."""
+(drawn by `hpcddp.records.charts`; a sweep's points and labels from its ``sweep.json``)."""
 
 import argparse
 import pathlib
@@ -7,8 +7,8 @@ import sys
 from typing import Any
 
 from hpcddp import exit_codes
-from hpcddp.storage import sweep_manifest
-from hpcddp.storage.charts import plot_run, plot_sweep
+from hpcddp.records import sweep_manifest
+from hpcddp.records.charts import plot_run, plot_sweep
 
 SWEEP_PNG = "sweep.png"
 

@@ -281,7 +281,7 @@ class Stopped:
 
 @dataclasses.dataclass(frozen=True)
 class ChainPlace:
-    """Where this job sits in its run's chain (`hpcddp.storage.chain_record`)."""
+    """Where this job sits in its run's chain (`hpcddp.records.chain_record`)."""
 
     name: str
     size: int  # slurm.chain

@@ -14,8 +14,8 @@ import re
 import subprocess
 from collections.abc import Iterable
 
+from hpcddp.records.cost import AttemptCost
 from hpcddp.slurm.queue import Runner
-from hpcddp.storage.cost import AttemptCost
 
 FIELDS = ("JobIDRaw", "JobID", "State", "ElapsedRaw", "AllocNodes", "AllocTRES", "Start", "End")
 ASK_TIMEOUT_S = 10.0

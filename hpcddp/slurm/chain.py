@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable
 
 from hpcddp.config import SlurmConfig
+from hpcddp.records import attempts, chain_record
+from hpcddp.records.chain_record import ChainRecord
 from hpcddp.resilience.rules import LinkEnd, why_cancel
 from hpcddp.slurm import run_end
-from hpcddp.storage import attempts, chain_record
-from hpcddp.storage.chain_record import ChainRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The chain of a run, for ``hpcddp status RUN_DIR``: one row per link.
 
-Each link's job id comes from ``RUN_DIR/chain.json`` (`hpcddp.storage.chain_record`), its
+Each link's job id comes from ``RUN_DIR/chain.json`` (`hpcddp.records.chain_record`), its
 state from one ``squeue`` call (`hpcddp.slurm.queue`), and the steps it gained and how it
-ended from the attempts rank 0 and the job script recorded (`hpcddp.storage.attempts`), which
+ended from the attempts rank 0 and the job script recorded (`hpcddp.records.attempts`), which
 outlive Slurm's memory of the job.
 """
 
@@ -10,8 +10,8 @@ import dataclasses
 import os
 from typing import Any
 
+from hpcddp.records import attempts, chain_record
 from hpcddp.slurm.queue import LEFT_QUEUE, Runner, query_states
-from hpcddp.storage import attempts, chain_record
 
 # How a link's last attempt ended, in words.
 _ENDINGS = {

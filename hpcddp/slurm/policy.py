@@ -23,7 +23,7 @@ latest checkpoint with the same world size. With no spare left, the job is reque
 the failed node instead (a broken node looks idle, so a plain rerun lands on it again). Which
 partition nodes count as usable for that requeue is decided from ``sinfo``'s own lines
 (``--node-states``). Why, in one line, goes to stderr; each failed attempt goes to
-``RUN_DIR/attempts.jsonl`` (`hpcddp.storage.attempts`).
+``RUN_DIR/attempts.jsonl`` (`hpcddp.records.attempts`).
 
 Usage: ``python -m hpcddp.slurm.policy first [--config=CONFIG] [key=value ...]`` and
 ``python -m hpcddp.slurm.policy after --status N --srun-error LINE --hosts H1,H2 --avoid LIST
@@ -42,6 +42,7 @@ from hpcddp.config import Config, load_config
 from hpcddp.errors import HpcddpError
 from hpcddp.launch import hostlist
 from hpcddp.notify.notices import Notifier
+from hpcddp.records import attempts
 from hpcddp.resilience import rules
 from hpcddp.resilience.rules import (
     FAILED,
@@ -55,7 +56,6 @@ from hpcddp.resilience.rules import (
 )
 from hpcddp.run_events import Event
 from hpcddp.slurm import chain
-from hpcddp.storage import attempts
 
 # What a failed attempt's record says came next, and the notice it is told with.
 THEN = {Action.RUN: "restart", Action.REQUEUE: "requeue", Action.STOP: "stop"}

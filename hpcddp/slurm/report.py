@@ -3,7 +3,7 @@
 A run directory is one that holds ``attempts.jsonl``; a sweep directory holds run directories
 (one per point, at any depth up to `SWEEP_DEPTH`), found by that file alone, so a sweep made
 by any tool is reported alike. Figures come from what each run recorded
-(`hpcddp.storage.cost`); where Slurm accounting answers (`hpcddp.slurm.accounting`), each
+(`hpcddp.records.cost`); where Slurm accounting answers (`hpcddp.slurm.accounting`), each
 attempt's Slurm run is shown beside them: its state, elapsed time and nodes.
 """
 
@@ -14,10 +14,10 @@ import re
 from typing import Any
 
 from hpcddp.errors import ConfigError
+from hpcddp.records import attempts
+from hpcddp.records.cost import AttemptCost, Totals, run_costs
 from hpcddp.slurm import accounting
 from hpcddp.slurm.queue import Runner
-from hpcddp.storage import attempts
-from hpcddp.storage.cost import AttemptCost, Totals, run_costs
 
 SWEEP_DEPTH = 2
 

@@ -14,11 +14,11 @@ from typing import Any
 
 from hpcddp.errors import ConfigError
 from hpcddp.outcome import RunOutcome
+from hpcddp.records import attempts
 from hpcddp.run_files import SUMMARY, rank_log, summary_path
 from hpcddp.slurm import run_end
 from hpcddp.slurm.index import JobRecord, find_records, jobs_dir
 from hpcddp.slurm.queue import LEFT_QUEUE, Runner, SlurmUnreachable, scontrol_record
-from hpcddp.storage import attempts
 
 # -- the outcome ------------------------------------------------------------------------------
 

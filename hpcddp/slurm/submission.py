@@ -38,6 +38,7 @@ from hpcddp.config import (
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, LaunchError
 from hpcddp.outcome import RunOutcome
+from hpcddp.records import sweep_manifest
 from hpcddp.slurm import cpus_per_task
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
@@ -48,7 +49,6 @@ from hpcddp.slurm.grid import point_config, sweep_points
 from hpcddp.slurm.options import DEPENDENCY, SRUN_ARGS, SRUN_ENV, request
 from hpcddp.slurm.sweep_status import sweep_rows
 from hpcddp.slurm.tasks import CheckTask, TrainTask
-from hpcddp.storage import sweep_manifest
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +343,7 @@ def sweep(
     """Submit one job array over the cartesian product of ``grid``; one job per point.
 
     Each point runs in ``<run.dir>/<index>-<key=value,...>``; ``<run.dir>/sweep.json`` records
-    the points and the array (`hpcddp.storage.sweep_manifest`), for ``hpcddp status|plot
+    the points and the array (`hpcddp.records.sweep_manifest`), for ``hpcddp status|plot
     SWEEP_DIR`` and `retry_failed`. Every point's config is built and checked here, so a bad
     value fails now, not in the job. ``max_parallel`` caps how many array tasks run at once
     (Slurm only; the local executor starts them all).

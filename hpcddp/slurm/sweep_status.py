@@ -1,6 +1,6 @@
 """Where every point of a sweep stands: one row per point, for ``hpcddp status SWEEP_DIR``.
 
-Read from the sweep directory alone: its manifest (`hpcddp.storage.sweep_manifest`) names each
+Read from the sweep directory alone: its manifest (`hpcddp.records.sweep_manifest`) names each
 point's latest job, one ``squeue`` call asks Slurm about all of them at once (hundreds of array
 tasks cost one call, not hundreds), and each run directory's files say the rest: the step and
 eval metrics (``metrics.jsonl``), whether it finished (``summary.json``, never trusted when
@@ -14,13 +14,13 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from hpcddp.records import attempts, sweep_manifest
+from hpcddp.records.runinfo import jsonl_records
 from hpcddp.resilience.rules import Failure
 from hpcddp.run_files import metrics_path
 from hpcddp.slurm.index import JobRecord
 from hpcddp.slurm.queue import ACTIVE_STATES, Runner, query_states
 from hpcddp.slurm.status import file_outcome, final_state, local_alive, read_result
-from hpcddp.storage import attempts, sweep_manifest
-from hpcddp.storage.runinfo import jsonl_records
 
 PENDING = frozenset({"PENDING", "CONFIGURING"})
 # Slurm states of a job that was stopped and will run again without anyone's help.

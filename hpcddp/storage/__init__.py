@@ -1,7 +1,8 @@
-"""Files a run leaves behind: the run directory, atomic writes, checkpoints, metrics, plots, sweeps.
+"""Bytes on disk: atomic writes, checkpoints and their digests, memory mapping, snapshots,
+pinned chunks, locks.
 
-Written by rank 0, read by every rank. May import the ground floor and `hpcddp.launch`;
-torch only where tensors are stored (`hpcddp.storage.checkpoint`, and its parts
-`snapshot` and `mapped`), so the login node can read a run's metrics and draw its plots
-without it.
+A run's records (metrics, trackers, attempts, sweeps, chains) live above, in `hpcddp.records`,
+and use these. May import the ground floor; torch only where tensors are stored
+(`hpcddp.storage.checkpoint`, and its parts `snapshot` and `mapped`), so the login node can
+lock a run directory and write a file without it.
 """

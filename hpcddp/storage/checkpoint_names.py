@@ -1,5 +1,5 @@
 """How complete checkpoints are named, for the store that writes them and for the torch-free
-readers that only count them (the job script's policy helper, through `hpcddp.storage.attempts`).
+readers that only count them (the job script's policy helper, through `hpcddp.records.attempts`).
 
 A checkpoint is complete when ``step-00000123.pt`` and its ``.sha256`` sidecar both exist.
 """

@@ -13,8 +13,8 @@ from hpcddp.comm import collectives
 from hpcddp.errors import DistributedError, NonFiniteError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome
+from hpcddp.records import attempts
 from hpcddp.run_files import FAILED, FINISHED, summary_path
-from hpcddp.storage import attempts
 from hpcddp.train import ddp, guard
 from hpcddp.train.assembly import Parts
 from hpcddp.train.state import Progress, weights_sha256

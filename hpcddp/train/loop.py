@@ -24,9 +24,9 @@ from hpcddp.config import Config
 from hpcddp.launch import collector
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.records import attempts
+from hpcddp.records.rundir import Attempt
 from hpcddp.run_files import rank_log
-from hpcddp.storage import attempts
-from hpcddp.storage.rundir import Attempt
 from hpcddp.train import batches, data, ddp, ending, flops, preemption, rng, usercode
 from hpcddp.train.assembly import assemble
 from hpcddp.train.progress_report import ProgressReport
@@ -137,7 +137,7 @@ class TrainingRun:
         """Continue from the latest checkpoint, or start each rank's own random stream.
 
         With run.resume=false the run directory was found empty, or moved aside, or holds an
-        earlier attempt of this same job (`hpcddp.storage.rundir`): what is there is ours.
+        earlier attempt of this same job (`hpcddp.records.rundir`): what is there is ours.
         """
         resumed = self.parts.checkpoints.resume()
         self.stopping.resumed_step = resumed.step if resumed else 0

@@ -14,10 +14,10 @@ import torch
 
 from hpcddp.config import Config
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.records import provenance
+from hpcddp.records.metrics_log import MetricsLog
+from hpcddp.records.tracking import Tracker
 from hpcddp.run_files import metrics_path
-from hpcddp.storage import provenance
-from hpcddp.storage.metrics_log import MetricsLog
-from hpcddp.storage.tracking import Tracker
 from hpcddp.train import flops, telemetry
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.records import attempts, chain_record
+from hpcddp.records.rundir import Attempt
 from hpcddp.resilience import deadline, requeue, rules
 from hpcddp.resilience.rules import Action, ChainPlace, Decision
-from hpcddp.storage import attempts, chain_record
-from hpcddp.storage.rundir import Attempt
 from hpcddp.train import preemption
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class Stopping:
         return dataclasses.replace(outcome, requeued=requeued)
 
     def chain_place(self) -> ChainPlace | None:
-        """Rank 0: where this job sits in the run's chain (`hpcddp.storage.chain_record`);
+        """Rank 0: where this job sits in the run's chain (`hpcddp.records.chain_record`);
         None when it is no link of one."""
         found = chain_record.link_of(self.run_dir, requeue.own_job_id(self.env.environ))
         if found is None:
@@ -155,7 +155,7 @@ class Stopping:
         return ChainPlace(chain.name, chain.size, where, len(chain.links), last)
 
     def record_attempt(self, cause: str, step: int) -> None:
-        """Rank 0: this attempt's line in attempts.jsonl (`hpcddp.storage.attempts`)."""
+        """Rank 0: this attempt's line in attempts.jsonl (`hpcddp.records.attempts`)."""
         a = self.attempt
         attempts.record(
             self.run_dir,

@@ -25,7 +25,7 @@ from hpcddp.errors import ConfigError, HpcddpError, LaunchError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.resolve import check_backend, place
 from hpcddp.outcome import RunOutcome
-from hpcddp.storage import rundir
+from hpcddp.records import rundir
 from hpcddp.storage.runlock import RunLock
 from hpcddp.train import preemption
 from hpcddp.train.factories import import_factory

@@ -11,7 +11,7 @@ Each run is a real ``sbatch`` job of the quickstart on two nodes, one rank per n
 has logged a step, the benchmark names the second node as bad: its rank dies at its next step
 (`tests.fixtures.bad_node`) or hangs there (`tests.fixtures.hang_node`, with
 ``dist.hang_timeout_s``). The times come from the run's own records
-(`hpcddp.storage.attempts.last_recovery`): failure detected, every rank gone, the next attempt
+(`hpcddp.records.attempts.last_recovery`): failure detected, every rank gone, the next attempt
 started, its checkpoint loaded, its first step done; all from the moment the node was named
 (the failure itself follows within one step, a few ms here). Every Python reads hpcddp from
 compiled bytecode, as from an installed package.
@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from hpcddp.storage import attempts
+from hpcddp.records import attempts
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "tests" / "cluster" / "local-slurm.sh"

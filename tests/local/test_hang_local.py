@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from hpcddp import exit_codes
-from hpcddp.storage import attempts
+from hpcddp.records import attempts
 from tests.fixtures.helpers import QUICK, QUICKSTART, run_cli
 
 pytestmark = pytest.mark.slow

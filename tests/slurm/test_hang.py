@@ -15,7 +15,7 @@ import time
 import pytest
 
 from hpcddp import exit_codes
-from hpcddp.storage import attempts
+from hpcddp.records import attempts
 from tests.fixtures.helpers import QUICK, summary, wait_until
 from tests.slurm.test_bad_node import job_fields
 

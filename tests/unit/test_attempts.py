@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import torch
 
-from hpcddp.storage import attempts, provenance
+from hpcddp.records import attempts, provenance
 from hpcddp.storage.checkpoint import CheckpointStore
 
 

@@ -14,14 +14,14 @@ from hpcddp.config import Config, SlurmConfig, load_config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
+from hpcddp.records import attempts, chain_record
+from hpcddp.records.chain_record import ChainRecord
+from hpcddp.records.rundir import Attempt
 from hpcddp.resilience import rules
 from hpcddp.slurm import chain, policy, submission
 from hpcddp.slurm.chain_status import link_rows
 from hpcddp.slurm.jobscript import render
 from hpcddp.slurm.options import sbatch_options
-from hpcddp.storage import attempts, chain_record
-from hpcddp.storage.chain_record import ChainRecord
-from hpcddp.storage.rundir import Attempt
 from hpcddp.train import preemption
 from hpcddp.train.stopping import Stopping
 

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from hpcddp.cli.main import main
+from hpcddp.records.cost import run_costs
 from hpcddp.slurm import accounting, report
-from hpcddp.storage.cost import run_costs
 
 # A run preempted once, then a rank died (the helper recorded it: no times of its own, its
 # start in starts.jsonl), then it finished. 2 nodes of 2 GPUs; the failed job held a spare.

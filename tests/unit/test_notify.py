@@ -15,9 +15,9 @@ from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
 from hpcddp.notify import poster
 from hpcddp.notify.notices import Notifier, shell_tells_failures
+from hpcddp.records import attempts
 from hpcddp.run_events import Event
 from hpcddp.slurm import policy
-from hpcddp.storage import attempts
 from tests.fixtures.webhook import Receiver
 
 JOB = {"SLURM_JOB_ID": "12", "SLURM_JOB_NODELIST": "n[1-2]"}

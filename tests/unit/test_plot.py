@@ -10,7 +10,7 @@ import pytest
 
 from hpcddp.cli import plot as plot_cli
 from hpcddp.errors import HpcddpError
-from hpcddp.storage import charts
+from hpcddp.records import charts
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -102,7 +102,7 @@ def test_damaged_lines_anywhere_are_skipped_and_counted(tmp_path, caplog):
     lines.insert(5, "[1, 2, 3]")  # JSON, but not a record
     lines.append('{"step": 210, "loss": 0.')  # the write a SIGKILL interrupted
     path.write_text("\n".join(lines) + "\n\x00\x00\n")
-    logger = logging.getLogger("hpcddp.storage.charts")
+    logger = logging.getLogger("hpcddp.records.charts")
     logger.addHandler(caplog.handler)  # an in-process Trainer.fit may stop propagation
     try:
         assert charts.read_metrics(path).skipped == 4
@@ -155,7 +155,7 @@ def test_subcommand_default_out(tmp_path, capsys):
 
 
 def _sweep(tmp_path, logged=(0, 1)):
-    from hpcddp.storage import sweep_manifest
+    from hpcddp.records import sweep_manifest
 
     points = []
     for index, lr in enumerate((0.001, 0.003, 0.01)):

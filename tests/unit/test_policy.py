@@ -7,6 +7,7 @@ import json
 import pytest
 
 from hpcddp import exit_codes
+from hpcddp.records import attempts
 from hpcddp.resilience.rules import (
     Action,
     Decision,
@@ -17,7 +18,6 @@ from hpcddp.resilience.rules import (
     first_hosts,
 )
 from hpcddp.slurm import policy
-from hpcddp.storage import attempts
 
 KILLED = "srun: error: n2: task 3: Killed"
 NODE_STATES = "n1 idle\nn2 mix\nn3 alloc\nn4 down*\n"  # sinfo -h -N -o '%N %t'

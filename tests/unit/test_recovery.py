@@ -1,13 +1,13 @@
 """Recovery on the record: a failure's detection and end, the next attempt's start, load and first
-step (`hpcddp.storage.attempts`); the job script's helper naming a hung node from the watchdog's
+step (`hpcddp.records.attempts`); the job script's helper naming a hung node from the watchdog's
 verdict, not from whichever rank srun saw exit; `hpcddp status` showing the last recovery."""
 
 import json
 
 from hpcddp import exit_codes
+from hpcddp.records import attempts
 from hpcddp.slurm import policy
 from hpcddp.slurm import status as job_status
-from hpcddp.storage import attempts
 from tests.unit.test_submission import fake_run, make_record
 
 FAILED_AT = 1_700_000_000.0  # in the past: the restart's lines are written now

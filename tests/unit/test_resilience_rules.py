@@ -14,10 +14,10 @@ from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import StopReason
+from hpcddp.records import attempts
+from hpcddp.records.rundir import Attempt
 from hpcddp.resilience import rules
 from hpcddp.resilience.rules import Action, ChainPlace, Stopped
-from hpcddp.storage import attempts
-from hpcddp.storage.rundir import Attempt
 from hpcddp.train import preemption
 from hpcddp.train.stopping import Stopping
 

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from hpcddp import run_files
+from hpcddp.records.runinfo import run_lines
 from hpcddp.run_files import DamagedSummary, RunSummary, read_summary
 from hpcddp.slurm import run_end
-from hpcddp.storage.runinfo import run_lines
 from tests.fixtures.helpers import REPO
 
 WRITTEN_BEFORE = REPO / "tests" / "fixtures" / "summary_finished.json"

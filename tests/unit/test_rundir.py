@@ -9,9 +9,9 @@ import pytest
 
 from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
-from hpcddp.storage import provenance
-from hpcddp.storage.metrics_log import MetricsLog
-from hpcddp.storage.rundir import Attempt, config_differences, prepare
+from hpcddp.records import provenance
+from hpcddp.records.metrics_log import MetricsLog
+from hpcddp.records.rundir import Attempt, config_differences, prepare
 from tests.fixtures.helpers import QUICKSTART
 
 
@@ -21,7 +21,7 @@ def test_metrics_log_skips_a_line_cut_short(tmp_path, caplog):
         '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n'
         '{"step": 5, "loss": 1.0}\n{"step": 6, "lo'
     )  # killed mid-write
-    with caplog.at_level(logging.WARNING, logger="hpcddp.storage.metrics_log"):
+    with caplog.at_level(logging.WARNING, logger="hpcddp.records.metrics_log"):
         log = MetricsLog(path, resume_step=5)
     log.write(step=6, loss=0.9)
     log.close()
@@ -92,7 +92,7 @@ def test_resume_false_on_an_existing_run_is_refused(tmp_path):
 def test_overwrite_moves_the_old_run_aside_whole(tmp_path, caplog):
     run = old_run(tmp_path)
     config = load_config(QUICKSTART, [f"run.dir={run}", "run.resume=false", "run.overwrite=true"])
-    with caplog.at_level(logging.WARNING, logger="hpcddp.storage.rundir"):
+    with caplog.at_level(logging.WARNING, logger="hpcddp.records.rundir"):
         prepare(config)
     (aside,) = tmp_path.glob("run.old-*")
     assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == [
@@ -117,7 +117,7 @@ def test_other_code_warns_in_one_line_or_is_refused(tmp_path, monkeypatch, caplo
     real = provenance.collect()
     changed = {**real, "versions": {**real["versions"], "torch": "0.0.1"}}
     monkeypatch.setattr(provenance, "collect", lambda factories=(): copy.deepcopy(changed))
-    with caplog.at_level(logging.WARNING, logger="hpcddp.storage.rundir"):
+    with caplog.at_level(logging.WARNING, logger="hpcddp.records.rundir"):
         prepare(load_config(QUICKSTART, [f"run.dir={run}"]))
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith(

@@ -12,7 +12,7 @@ import pytest
 
 from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
-from hpcddp.storage import rundir
+from hpcddp.records import rundir
 from hpcddp.storage.runlock import RunLock
 from tests.fixtures.helpers import QUICKSTART
 

@@ -13,8 +13,8 @@ from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import StopReason
+from hpcddp.records.rundir import Attempt
 from hpcddp.resilience.deadline import JOB_END_VAR
-from hpcddp.storage.rundir import Attempt
 from hpcddp.train import preemption
 from hpcddp.train.stopping import Stopping
 

@@ -7,8 +7,8 @@ import pytest
 from hpcddp.cli import main
 from hpcddp.config import Config, from_dict, with_overrides
 from hpcddp.errors import ConfigError
+from hpcddp.records import sweep_manifest
 from hpcddp.slurm import grid
-from hpcddp.storage import sweep_manifest
 
 
 def test_grid_values_parse_like_override_values():

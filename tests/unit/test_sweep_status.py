@@ -11,9 +11,9 @@ import subprocess
 import pytest
 
 from hpcddp.cli import main
+from hpcddp.records import sweep_manifest
 from hpcddp.slurm import submission, sweep_status
 from hpcddp.slurm.sweep_status import point_state
-from hpcddp.storage import sweep_manifest
 
 SUBMITTED_AT = 1_000_000.0
 

@@ -13,9 +13,9 @@ from typing import ClassVar
 import pytest
 
 from hpcddp.errors import ConfigError
-from hpcddp.storage import tracking
-from hpcddp.storage.metrics_log import MetricsLog
-from hpcddp.storage.tracking import Tracker
+from hpcddp.records import tracking
+from hpcddp.records.metrics_log import MetricsLog
+from hpcddp.records.tracking import Tracker
 from tests.fixtures import wandb_records
 from tests.fixtures.helpers import wait_until
 

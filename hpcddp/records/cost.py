@@ -1,4 +1,4 @@
-"""What a run cost, attempt by attempt, from what the run recorded (`hpcddp.storage.attempts`).
+"""What a run cost, attempt by attempt, from what the run recorded (`hpcddp.records.attempts`).
 
 An attempt's wall time runs from when its rank 0 process started to when it ended (its line in
 ``attempts.jsonl``); for an attempt that died, the start comes from ``starts.jsonl`` (written
@@ -16,7 +16,7 @@ import dataclasses
 import os
 from typing import Any
 
-from hpcddp.storage import attempts
+from hpcddp.records import attempts
 
 
 @dataclasses.dataclass(frozen=True)

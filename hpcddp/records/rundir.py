@@ -19,7 +19,7 @@ import yaml
 from hpcddp import run_files
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
-from hpcddp.storage import provenance
+from hpcddp.records import provenance
 from hpcddp.storage.atomic import atomic_write_text
 from hpcddp.storage.runlock import RunLock
 
@@ -168,7 +168,7 @@ def prepare(
 ) -> pathlib.Path:
     """Create the run directory (rank 0), take its ``lock``, refuse a different config or run.
 
-    Records the code that runs and the job it runs in (`hpcddp.storage.provenance`).
+    Records the code that runs and the job it runs in (`hpcddp.records.provenance`).
     """
     attempt = attempt or Attempt()
     root = pathlib.Path(config.run.dir)

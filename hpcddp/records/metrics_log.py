@@ -3,7 +3,7 @@
 Append-only while a run goes on; a resumed run first drops what its previous attempt logged
 after the checkpoint it resumes from, so every step appears once, and marks where it resumed
 (``{"event": "resumed", ...}``: the plot draws it as a line). Every record also goes to the
-experiment trackers, if any (`hpcddp.storage.tracking`), which keep the same promise.
+experiment trackers, if any (`hpcddp.records.tracking`), which keep the same promise.
 """
 
 import json
@@ -12,8 +12,8 @@ import pathlib
 import time
 from typing import Any
 
+from hpcddp.records.tracking import Tracker
 from hpcddp.storage.atomic import atomic_write_text
-from hpcddp.storage.tracking import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -85,7 +85,7 @@ def record(
     after a failure: ``restart`` (in the same job, on a spare node), ``requeue`` or ``stop``.
     ``times`` are its recovery times (``detected`` for a failure; ``started``, ``loaded``,
     ``first_step`` for its start). ``size`` is what it held: ``gpus``, ``allocated_nodes``
-    (spares included), for its cost (`hpcddp.storage.cost`).
+    (spares included), for its cost (`hpcddp.records.cost`).
     """
     entry: dict[str, Any] = {"job": job, "restart": restart, "nodes": nodes, "cause": cause}
     entry["from_step"] = last_step(run_dir) if from_step is None else from_step
