@@ -3,6 +3,7 @@
 import argparse
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from hpcddp.errors import ConfigError
 from hpcddp.slurm.options import OPTIONS
@@ -28,14 +29,20 @@ def split_config_and_overrides(
 
 
 def add_slurm_options(parser: argparse.ArgumentParser) -> None:
-    """One ``--option`` per entry of `OPTIONS`, stored under the option's name."""
+    """One ``--flag`` per row of the option table (`OPTIONS`), stored under its parsed name."""
     for name, option in OPTIONS.items():
+        typed: dict[str, Any] = (
+            {"action": argparse.BooleanOptionalAction}
+            if option.kind is bool
+            else {"type": option.kind, "metavar": option.metavar}
+        )
         parser.add_argument(
-            f"--{name.replace('_', '-')}",
+            option.flag.cli,
             dest=name,
-            type=option.kind,
-            metavar=option.metavar,
-            help=f"{option.text} (default: the config's slurm.{option.field})",
+            default=None,
+            help=f"{option.text} (e.g. {option.flag.example}; default: the config's "
+            f"slurm.{option.field})",
+            **typed,
         )
 
 

@@ -33,8 +33,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cluster = more.cluster or args.cluster
     retry = more.retry_failed or args.retry_failed
     if retry:
-        given = [f"--{n.replace('_', '-')}" for n in [*OPTIONS, "grid", "max_parallel"]
-                 if getattr(more, n) is not None or getattr(args, n) is not None]  # fmt: skip
+        names = [*OPTIONS, "grid", "max_parallel"]
+        given = [f"--{n.replace('_', '-')}" for n in names if _given(n, more, args)]
         if more.items or given:
             extra = " ".join([*given, *more.items])
             raise ConfigError(
@@ -57,6 +57,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     jobs = sweep(config_path, grid, overrides, max_parallel=parallel, cluster=cluster, **options)
     _announce(jobs, f"submitted a sweep of {len(jobs)} points")
     return exit_codes.OK
+
+
+def _given(name: str, *parsed: argparse.Namespace) -> bool:
+    """Whether an option was given on the command line, before or after the config."""
+    return any(getattr(namespace, name) is not None for namespace in parsed)
 
 
 def _retry(sweep_dir: str, cluster: str | None) -> int:

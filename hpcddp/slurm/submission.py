@@ -45,7 +45,7 @@ from hpcddp.slurm.chain import chain_name, submit_links
 from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.cpus_per_task import with_cpus
 from hpcddp.slurm.grid import point_config, sweep_points
-from hpcddp.slurm.options import DEPENDENCY, SRUN_ARGS, SRUN_ENV, request
+from hpcddp.slurm.options import SRUN_ARGS, SRUN_ENV, request, submitit_parameters
 from hpcddp.slurm.sweep_status import sweep_rows
 from hpcddp.slurm.tasks import CheckTask, TrainTask
 from hpcddp.storage import sweep_manifest
@@ -144,38 +144,18 @@ def resolve_config(
 
 
 def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
-    """The job's `request`, spelt as submitit AutoExecutor parameters (``slurm_*`` apply on
-    Slurm only)."""
+    """The job's `request` as submitit AutoExecutor parameters, with the srun settings and
+    setup lines every step gets (the trainer checkpoints on SIGUSR2 and requeues itself)."""
     if slurm.spare_nodes:
         raise ConfigError(
             f"slurm.spare_nodes={slurm.spare_nodes}: restarting on a spare node is done by the "
             "job script's shell, which submitit's job does not have. HINT: use `hpcddp sbatch` "
             "(or sbatch/train.sh) for spare nodes, or set slurm.spare_nodes=0 for submit()."
         )
-    job = request(slurm)
-    # A chain's links run one at a time, in order: one name, one user (hpcddp.slurm.chain).
-    chain_dependency = {"dependency": DEPENDENCY} if slurm.chain > 1 else {}
-    params: dict[str, Any] = {
-        "name": job.job_name,
-        "nodes": job.nodes,
-        "tasks_per_node": job.tasks_per_node,
-        "cpus_per_task": job.cpus_per_task,
-        "timeout_min": job.time_min,
-        "slurm_signal_delay_s": job.signal_delay_s,
-        "slurm_srun_args": [*SRUN_ARGS, *pyxis_args(slurm.container)],
-        # The container gets the GPUs whenever Slurm gave some (hpcddp.slurm.container).
-        "slurm_setup": [SRUN_ENV, *gpu_lines(slurm.container), *slurm.setup],
-        # The trainer checkpoints on SIGUSR2 and requeues with `scontrol requeue`.
-        "slurm_additional_parameters": {"requeue": True, **chain_dependency, **job.extra_values},
-    }
-    optional = {
-        "gpus_per_node": job.gpus_per_node,
-        "mem_gb": job.mem_gb,
-        "slurm_partition": job.partition,
-        "slurm_account": job.account,
-        "slurm_qos": job.qos,
-    }
-    params.update({name: value for name, value in optional.items() if value})
+    params = submitit_parameters(request(slurm))
+    params["slurm_srun_args"] = [*SRUN_ARGS, *pyxis_args(slurm.container)]
+    # The container gets the GPUs whenever Slurm gave some (hpcddp.slurm.container).
+    params["slurm_setup"] = [SRUN_ENV, *gpu_lines(slurm.container), *slurm.setup]
     return params
 
 

@@ -78,7 +78,7 @@ def test_every_field_maps_and_extra_options_pass_through():
         qos="high",
         job_name="big",
         signal_delay_s=90,
-        extra={"constraint": "a100", "exclusive": True},
+        extra={"gres": "gpu:1", "overcommit": True, "hold": False},
     )
     params = submission.executor_parameters(slurm)
     assert {
@@ -109,9 +109,9 @@ def test_every_field_maps_and_extra_options_pass_through():
     assert params["slurm_signal_delay_s"] == 90
     assert params["slurm_additional_parameters"] == {
         "requeue": True,
-        "constraint": "a100",
-        "exclusive": True,
-    }
+        "gres": "gpu:1",
+        "overcommit": True,
+    }  # false leaves an extra option out, as in the job script
 
 
 def test_submitit_renders_the_mapping_into_the_sbatch_script(monkeypatch, tmp_path):
@@ -170,7 +170,7 @@ def test_config_may_be_a_config_object_with_overrides():
         ({"nodes": 3}, "set slurm.nodes instead"),
         ({"ntasks_per_node": 3}, "set slurm.tasks_per_node instead"),
         ({"output": "x.out"}, "hpcddp sets it"),
-        ({"constraint": ["a", "b"]}, "must be a string, number or true"),
+        ({"gres": ["a", "b"]}, "must be a string, number or true"),
     ],
 )
 def test_extra_options_cannot_contradict_named_ones(extra, message):
