@@ -451,6 +451,14 @@ class SlurmConfig:
         cli="--qos",
         example="high",
     )
+    constraint: str = slurm_option(
+        "",
+        "node features the job needs, as sbatch --constraint takes them (a100&ib); empty: any",
+        sbatch="constraint",
+        submitit="slurm_constraint",
+        cli="--constraint",
+        example="a100&ib",
+    )
     # End of the option table.
     signal_delay_s: int = setting(
         120,
