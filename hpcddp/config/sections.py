@@ -14,7 +14,14 @@ from typing import Any, TypeVar
 
 import yaml
 
-from hpcddp.config.slurm_option import not_negative, positive, slurm_flag, slurm_option
+from hpcddp.config.slurm_option import (
+    mail_events,
+    mail_needs_user,
+    not_negative,
+    positive,
+    slurm_flag,
+    slurm_option,
+)
 from hpcddp.errors import ConfigError
 
 T = TypeVar("T")
@@ -459,6 +466,40 @@ class SlurmConfig:
         cli="--constraint",
         example="a100&ib",
     )
+    mail_type: str = slurm_option(
+        "",
+        "Slurm mails slurm.mail_user on these events, comma-separated (END,FAIL; also BEGIN, "
+        "REQUEUE, TIME_LIMIT_90, ALL, ...); empty: no mail",
+        sbatch="mail-type",
+        submitit="slurm_mail_type",
+        cli="--mail-type",
+        example="END,FAIL",
+        check=mail_events,
+    )
+    mail_user: str = slurm_option(
+        "",
+        "where Slurm's mail goes (an address); needed with slurm.mail_type",
+        sbatch="mail-user",
+        submitit="slurm_mail_user",
+        cli="--mail-user",
+        example="you@example.org",
+    )
+    reservation: str = slurm_option(
+        "",
+        "run in this reservation (scontrol show reservation); empty: none",
+        sbatch="reservation",
+        submitit="",
+        cli="--reservation",
+        example="maintenance",
+    )
+    exclusive: bool = slurm_option(
+        False,
+        "the nodes to this job alone, shared with no other job",
+        sbatch="exclusive",
+        submitit="slurm_exclusive",
+        cli="--exclusive",
+        example=True,
+    )
     # End of the option table.
     signal_delay_s: int = setting(
         120,
@@ -511,6 +552,7 @@ class SlurmConfig:
                 "slurm.setup lines may not contain newlines. HINT: one list item per line."
             )
         _chain_alone(self.chain, self.extra)
+        mail_needs_user(self.mail_type, self.mail_user)
 
 
 def _chain_alone(chain: int, extra: dict[str, Any]) -> None:

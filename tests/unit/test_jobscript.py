@@ -134,7 +134,7 @@ def test_extra_options_flags_and_values():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        ({"mail_type": "END"}, "slurm.extra option name 'mail_type' is not an sbatch option name"),
+        ({"cpu_freq": "low"}, "slurm.extra option name 'cpu_freq' is not an sbatch option name"),
         ({"--begin": "now"}, "option name '--begin'"),
         ({"nodes": 3}, "slurm.extra.nodes would set --nodes twice. HINT: set slurm.nodes instead"),
         ({"output": "x.out"}, "would set --output twice. HINT: hpcddp sets it"),

@@ -117,7 +117,7 @@ def test_text_sbatch_would_misread_is_refused_in_one_line_with_a_hint(field):
     with pytest.raises(ConfigError) as err:
         options.sbatch_options(SlurmConfig(**{**EXAMPLES, field: "two words"}))
     message = str(err.value)
-    assert message.startswith(f"slurm.{field}='two words' cannot go into an #SBATCH line")
+    assert message.startswith(f"slurm.{field}='two words'")  # a row's own check may come first
     assert "HINT:" in message and "\n" not in message
 
 
@@ -125,3 +125,32 @@ def test_extra_may_not_set_what_a_row_sets():
     for option in options.TABLE:
         with pytest.raises(ConfigError, match=f"HINT: set slurm.{option.field} instead"):
             options.sbatch_options(SlurmConfig(extra={option.flag.sbatch: "x"}))
+
+
+@pytest.mark.parametrize(
+    "mail, message",
+    [
+        ({"mail_type": "END,FAILED", "mail_user": "me@example.org"}, "'FAILED' is not a Slurm"),
+        ({"mail_type": "END"}, "slurm.mail_user is empty"),
+    ],
+)
+def test_bad_mail_settings_get_one_line_with_a_hint(mail, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        from_dict({"slurm": mail})
+    assert "HINT:" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_mail_events_are_slurms_in_any_case_and_none_needs_no_address():
+    slurm = SlurmConfig(mail_type="end,Fail,TIME_LIMIT_90", mail_user="me@example.org")
+    assert "--mail-type=end,Fail,TIME_LIMIT_90" in sbatch_lines(slurm)
+    assert "--mail-type=NONE" in sbatch_lines(SlurmConfig(mail_type="NONE"))
+
+
+def test_a_boolean_row_is_a_bare_flag_or_nothing():
+    assert "--exclusive" in sbatch_lines(SlurmConfig(exclusive=True))
+    assert not [line for line in sbatch_lines(SlurmConfig()) if "exclusive" in line]
+    args = parser().parse_args(["sbatch", "--no-exclusive", "examples/quickstart.yaml"])
+    assert args.exclusive is False
+    assert options.cli_flags({"exclusive": False, "nodes": 2}) == ["--no-exclusive", "--nodes=2"]
+    with pytest.raises(ConfigError, match="slurm.exclusive must be bool"):
+        from_dict({"slurm": {"exclusive": "yes please"}})
