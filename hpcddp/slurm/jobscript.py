@@ -174,10 +174,9 @@ def submit(script: str, timeout_s: float = 120) -> str:
         done = _sbatch(flag, script, timeout_s)
         if done.returncode != 0:
             raise HpcddpError(
-                f"sbatch refused the job: {_sbatch_reason(done.stderr)}. HINT: "
-                "check what the partition offers (`sinfo -o '%P %D %c %G'`) "
-                "against --nodes, --tasks-per-node, --cpus-per-task, "
-                "--gpus-per-node and --partition."
+                f"sbatch refused the job: {_sbatch_reason(done.stderr)}. HINT: check what the "
+                "cluster offers (`sinfo -o '%P %D %c %G %f'`: partitions, nodes, CPUs, GPUs, "
+                "features; `scontrol show reservation`) against the script's #SBATCH lines."
             )
     return done.stdout.strip().split(";")[0]
 
