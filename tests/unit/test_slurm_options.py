@@ -73,7 +73,7 @@ def test_every_row_reaches_submitit_and_its_script(field, monkeypatch, tmp_path)
     # Through submitit's own checks and renderer: what sbatch will read from its script.
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     config = from_dict({"run": {"dir": str(tmp_path)}, "slurm": EXAMPLES})
-    executor = submission._executor(config, "slurm")
+    executor = submission.executor_for(config, "slurm")
     text = executor._executor._make_submission_file_text("CMD", "uid")
     assert [
         line for line in text.splitlines() if line.startswith(f"#SBATCH --{option.flag.sbatch}")
