@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpcddp.errors import ConfigError
-from hpcddp.slurm.options import OPTIONS
+from hpcddp.slurm.options import OPTIONS, Option
 
 
 def is_config_path(item: str) -> bool:
@@ -40,10 +40,14 @@ def add_slurm_options(parser: argparse.ArgumentParser) -> None:
             option.flag.cli,
             dest=name,
             default=None,
-            help=f"{option.text} (e.g. {option.flag.example}; default: the config's "
-            f"slurm.{option.field})",
+            help=f"{option.text} ({_example(option)}default: the config's slurm.{option.field})",
             **typed,
         )
+
+
+def _example(option: Option) -> str:
+    """``e.g. VALUE; `` for ``--help``; nothing for a flag, which takes no value."""
+    return "" if option.kind is bool else f"e.g. {option.flag.example}; "
 
 
 def add_cluster_option(parser: argparse.ArgumentParser) -> None:

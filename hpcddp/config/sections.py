@@ -460,7 +460,7 @@ class SlurmConfig:
     )
     constraint: str = slurm_option(
         "",
-        "node features the job needs, as sbatch --constraint takes them (a100&ib); empty: any",
+        "node features the job needs, as sbatch --constraint takes them; empty: any node",
         sbatch="constraint",
         submitit="slurm_constraint",
         cli="--constraint",
@@ -468,8 +468,8 @@ class SlurmConfig:
     )
     mail_type: str = slurm_option(
         "",
-        "Slurm mails slurm.mail_user on these events, comma-separated (END,FAIL; also BEGIN, "
-        "REQUEUE, TIME_LIMIT_90, ALL, ...); empty: no mail",
+        "Slurm mails slurm.mail_user on these events, comma-separated: BEGIN, END, FAIL, "
+        "REQUEUE, TIME_LIMIT_90, ALL, ...; empty: no mail",
         sbatch="mail-type",
         submitit="slurm_mail_type",
         cli="--mail-type",
