@@ -35,7 +35,7 @@ _EXPORTS = {
     "main_process_first": "hpcddp.comm.download",
     "stage": "hpcddp.comm.staging",
     "submit": "hpcddp.slurm.submission",
-    "sweep": "hpcddp.slurm.submission",
+    "sweep": "hpcddp.slurm.sweep_submit",
     "HpcddpError": "hpcddp.errors",
     "RunOutcome": "hpcddp.outcome",
     "StopReason": "hpcddp.outcome",

@@ -3,9 +3,10 @@
 import argparse
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from hpcddp.errors import ConfigError
-from hpcddp.slurm.options import OPTIONS
+from hpcddp.slurm.options import OPTIONS, Option
 
 
 def is_config_path(item: str) -> bool:
@@ -28,15 +29,25 @@ def split_config_and_overrides(
 
 
 def add_slurm_options(parser: argparse.ArgumentParser) -> None:
-    """One ``--option`` per entry of `OPTIONS`, stored under the option's name."""
+    """One ``--flag`` per row of the option table (`OPTIONS`), stored under its parsed name."""
     for name, option in OPTIONS.items():
-        parser.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            type=option.kind,
-            metavar=option.metavar,
-            help=f"{option.text} (default: the config's slurm.{option.field})",
+        typed: dict[str, Any] = (
+            {"action": argparse.BooleanOptionalAction}
+            if option.kind is bool
+            else {"type": option.kind, "metavar": option.metavar}
         )
+        parser.add_argument(
+            option.flag.cli,
+            dest=name,
+            default=None,
+            help=f"{option.text} ({_example(option)}default: the config's slurm.{option.field})",
+            **typed,
+        )
+
+
+def _example(option: Option) -> str:
+    """``e.g. VALUE; `` for ``--help``; nothing for a flag, which takes no value."""
+    return "" if option.kind is bool else f"e.g. {option.flag.example}; "
 
 
 def add_cluster_option(parser: argparse.ArgumentParser) -> None:

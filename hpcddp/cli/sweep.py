@@ -1,7 +1,7 @@
 """``hpcddp sweep``: a grid of runs as one job array, ``--retry-failed`` for the points that
 failed, and the table ``hpcddp status SWEEP_DIR`` prints (argparse and printing only).
 
-`hpcddp.slurm.grid` reads the grid, `hpcddp.slurm.submission` submits and records the array in
+`hpcddp.slurm.grid` reads the grid, `hpcddp.slurm.sweep_submit` submits and records the array in
 ``SWEEP_DIR/sweep.json``, `hpcddp.slurm.sweep_status` makes a row per point.
 """
 
@@ -33,8 +33,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cluster = more.cluster or args.cluster
     retry = more.retry_failed or args.retry_failed
     if retry:
-        given = [f"--{n.replace('_', '-')}" for n in [*OPTIONS, "grid", "max_parallel"]
-                 if getattr(more, n) is not None or getattr(args, n) is not None]  # fmt: skip
+        names = [*OPTIONS, "grid", "max_parallel"]
+        given = [f"--{n.replace('_', '-')}" for n in names if _given(n, more, args)]
         if more.items or given:
             extra = " ".join([*given, *more.items])
             raise ConfigError(
@@ -51,7 +51,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         value = getattr(more, name) if getattr(more, name) is not None else getattr(args, name)
         if value is not None:
             options[option.field] = value
-    from hpcddp.slurm.submission import sweep  # submitit: only when submitting
+    from hpcddp.slurm.sweep_submit import sweep  # submitit: only when submitting
 
     parallel = more.max_parallel if more.max_parallel is not None else args.max_parallel
     jobs = sweep(config_path, grid, overrides, max_parallel=parallel, cluster=cluster, **options)
@@ -59,8 +59,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return exit_codes.OK
 
 
+def _given(name: str, *parsed: argparse.Namespace) -> bool:
+    """Whether an option was given on the command line, before or after the config."""
+    return any(getattr(namespace, name) is not None for namespace in parsed)
+
+
 def _retry(sweep_dir: str, cluster: str | None) -> int:
-    from hpcddp.slurm.submission import retry_failed  # submitit: only when submitting
+    from hpcddp.slurm.sweep_retry import retry_failed  # submitit: only when submitting
 
     jobs = retry_failed(sweep_dir, cluster)
     if not jobs:

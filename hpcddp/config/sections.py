@@ -14,6 +14,14 @@ from typing import Any, TypeVar
 
 import yaml
 
+from hpcddp.config.slurm_option import (
+    mail_events,
+    mail_needs_user,
+    not_negative,
+    positive,
+    slurm_flag,
+    slurm_option,
+)
 from hpcddp.errors import ConfigError
 from hpcddp.run_events import Event
 
@@ -40,20 +48,13 @@ def field_help(field: "dataclasses.Field[Any]") -> str:
 def _positive(section: str, **values: float) -> None:
     """Raise if any of the named sizes is zero or negative."""
     for name, value in values.items():
-        if value <= 0:
-            raise ConfigError(
-                f"{section}.{name} must be > 0, got {value}. "
-                f"HINT: set {section}.{name}=<positive number>."
-            )
+        positive(f"{section}.{name}", value)
 
 
 def _not_negative(section: str, **values: float) -> None:
     """Raise if any of the named values is below zero (0 means off or default)."""
     for name, value in values.items():
-        if value < 0:
-            raise ConfigError(
-                f"{section}.{name} must be >= 0, got {value}. HINT: use 0 to disable it."
-            )
+        not_negative(f"{section}.{name}", value)
 
 
 def _fraction(section: str, **values: float) -> None:
@@ -370,18 +371,137 @@ class ContainerConfig:
 class SlurmConfig:
     """What to ask Slurm for when hpcddp submits the job."""
 
-    nodes: int = setting(1, "nodes to run on")
-    tasks_per_node: int = setting(1, "ranks per node")
-    gpus_per_node: int = setting(0, "GPUs per node")
-    cpus_per_task: int = setting(
-        0, "CPUs per rank; 0: 1 on CPU, on GPUs the node's cores over its GPUs (at most 16)"
+    # The option table: one row per sbatch option, each spelt for sbatch, submitit and the
+    # command line by hpcddp.slurm.options (hpcddp.config.slurm_option says what a row holds).
+    job_name: str = slurm_option(
+        "hpcddp",
+        "job name (squeue, output file names)",
+        sbatch="job-name",
+        submitit="name",
+        cli="--job-name",
+        example="llm-pretrain",
     )
-    mem_gb: float = setting(0.0, "memory per node in GB; 0: the partition's default")
-    time_min: int = setting(60, "time limit in minutes")
-    partition: str = setting("", "partition; empty: the cluster's default")
-    account: str = setting("", "account to charge; empty: your default")
-    qos: str = setting("", "quality of service; empty: the default")
-    job_name: str = setting("hpcddp", "job name (squeue, output file names)")
+    nodes: int = slurm_option(
+        1,
+        "nodes to run on",
+        sbatch="nodes",
+        submitit="nodes",
+        cli="--nodes",
+        example=2,
+        check=positive,
+    )
+    tasks_per_node: int = slurm_option(
+        1,
+        "ranks per node",
+        sbatch="ntasks-per-node",
+        submitit="tasks_per_node",
+        cli="--tasks-per-node",
+        example=8,
+        check=positive,
+    )
+    gpus_per_node: int = slurm_option(
+        0,
+        "GPUs per node",
+        sbatch="gpus-per-node",
+        submitit="gpus_per_node",
+        cli="--gpus-per-node",
+        example=8,
+        check=not_negative,
+    )
+    cpus_per_task: int = slurm_option(
+        0,
+        "CPUs per rank; 0: 1 on CPU, on GPUs the node's cores over its GPUs (at most 16)",
+        sbatch="cpus-per-task",
+        submitit="cpus_per_task",
+        cli="--cpus-per-task",
+        example=12,
+        check=not_negative,
+    )
+    mem_gb: float = slurm_option(
+        0.0,
+        "memory per node in GB; 0: the partition's default",
+        sbatch="mem",
+        submitit="mem_gb",
+        cli="--mem-gb",
+        example=480,
+        check=not_negative,
+    )
+    time_min: int = slurm_option(
+        60,
+        "time limit in minutes",
+        sbatch="time",
+        submitit="timeout_min",
+        cli="--time",
+        example=2880,
+        check=positive,
+    )
+    partition: str = slurm_option(
+        "",
+        "partition; empty: the cluster's default",
+        sbatch="partition",
+        submitit="slurm_partition",
+        cli="--partition",
+        example="gpu-a100",
+    )
+    account: str = slurm_option(
+        "",
+        "account to charge; empty: your default",
+        sbatch="account",
+        submitit="slurm_account",
+        cli="--account",
+        example="proj123",
+    )
+    qos: str = slurm_option(
+        "",
+        "quality of service; empty: the default",
+        sbatch="qos",
+        submitit="slurm_qos",
+        cli="--qos",
+        example="high",
+    )
+    constraint: str = slurm_option(
+        "",
+        "node features the job needs, as sbatch --constraint takes them; empty: any node",
+        sbatch="constraint",
+        submitit="slurm_constraint",
+        cli="--constraint",
+        example="a100&ib",
+    )
+    mail_type: str = slurm_option(
+        "",
+        "Slurm mails slurm.mail_user on these events, comma-separated: BEGIN, END, FAIL, "
+        "REQUEUE, TIME_LIMIT_90, ALL, ...; empty: no mail",
+        sbatch="mail-type",
+        submitit="slurm_mail_type",
+        cli="--mail-type",
+        example="END,FAIL",
+        check=mail_events,
+    )
+    mail_user: str = slurm_option(
+        "",
+        "where Slurm's mail goes (an address); needed with slurm.mail_type",
+        sbatch="mail-user",
+        submitit="slurm_mail_user",
+        cli="--mail-user",
+        example="you@example.org",
+    )
+    reservation: str = slurm_option(
+        "",
+        "run in this reservation (scontrol show reservation); empty: none",
+        sbatch="reservation",
+        submitit="",
+        cli="--reservation",
+        example="maintenance",
+    )
+    exclusive: bool = slurm_option(
+        False,
+        "the nodes to this job alone, shared with no other job",
+        sbatch="exclusive",
+        submitit="slurm_exclusive",
+        cli="--exclusive",
+        example=True,
+    )
+    # End of the option table.
     signal_delay_s: int = setting(
         120,
         "USR2 this long before the time limit: checkpoint, requeue; at most "
@@ -415,18 +535,13 @@ class SlurmConfig:
     container: ContainerConfig = setting_from(ContainerConfig, "the container the ranks run in")
 
     def __post_init__(self) -> None:
-        _positive(
-            "slurm",
-            nodes=self.nodes,
-            tasks_per_node=self.tasks_per_node,
-            time_min=self.time_min,
-            chain=self.chain,
-        )
+        for field in dataclasses.fields(self):
+            flag = slurm_flag(field)
+            if flag and flag.check:
+                flag.check(f"slurm.{field.name}", getattr(self, field.name))
+        _positive("slurm", chain=self.chain)
         _not_negative(
             "slurm",
-            cpus_per_task=self.cpus_per_task,
-            gpus_per_node=self.gpus_per_node,
-            mem_gb=self.mem_gb,
             signal_delay_s=self.signal_delay_s,
             max_failures=self.max_failures,
             spare_nodes=self.spare_nodes,
@@ -438,6 +553,7 @@ class SlurmConfig:
                 "slurm.setup lines may not contain newlines. HINT: one list item per line."
             )
         _chain_alone(self)
+        mail_needs_user(self.mail_type, self.mail_user)
 
     @property
     def chained(self) -> bool:

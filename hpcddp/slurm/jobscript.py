@@ -37,7 +37,7 @@ from hpcddp.errors import HpcddpError, LaunchError
 from hpcddp.slurm.chain import chained
 from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.cpus_per_task import NodeShape, no_nodes, with_cpus
-from hpcddp.slurm.options import SRUN_ARGS, SRUN_ENV, sbatch_options, with_options
+from hpcddp.slurm.options import SRUN_ARGS, SRUN_ENV, cli_flags, sbatch_options, with_options
 
 _PLACEHOLDER = re.compile(r"\{\{ (\w+) \}\}")
 # The scripts in the repository's sbatch/ folder: the defaults, with each launcher.
@@ -130,8 +130,7 @@ def render(
     # A chain's links share a name made from the run directory; the pre-flight is one job.
     slurm = dataclasses.replace(slurm, chain=1) if check else chained(slurm, config.run.dir)
     if command is None:
-        flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items() if v is not None]
-        flags += ["--check"] if check else []
+        flags = [*cli_flags(options), *(["--check"] if check else [])]
         command = ["hpcddp", "sbatch", *([config_path] if config_path else []), *overrides, *flags]
     return fill(
         template(),
@@ -175,10 +174,9 @@ def submit(script: str, timeout_s: float = 120) -> str:
         done = _sbatch(flag, script, timeout_s)
         if done.returncode != 0:
             raise HpcddpError(
-                f"sbatch refused the job: {_sbatch_reason(done.stderr)}. HINT: "
-                "check what the partition offers (`sinfo -o '%P %D %c %G'`) "
-                "against --nodes, --tasks-per-node, --cpus-per-task, "
-                "--gpus-per-node and --partition."
+                f"sbatch refused the job: {_sbatch_reason(done.stderr)}. HINT: check what the "
+                "cluster offers (`sinfo -o '%P %D %c %G %f'`: partitions, nodes, CPUs, GPUs, "
+                "features; `scontrol show reservation`) against the script's #SBATCH lines."
             )
     return done.stdout.strip().split(";")[0]
 

@@ -1,4 +1,4 @@
-"""`hpcddp.submit` and `hpcddp.sweep`: start runs on Slurm from Python, without waiting for them.
+"""`hpcddp.submit`: start a run on Slurm from Python, without waiting for it.
 
 The config's ``slurm`` section becomes submitit parameters; every task of the job runs the
 same trainer as ``hpcddp train`` (`TrainTask`), so a submitted run and an ``sbatch`` run of one
@@ -8,7 +8,9 @@ answering) submitit's local executor runs the tasks on this machine instead.
 submitit's own ``job.result()`` refuses multi-task jobs and waits on ``sacct``, which hangs
 forever on clusters without accounting (submitit#1720) when a job dies before writing its
 result. The jobs returned here return task 0's result (every rank agrees on the summary) and
-read the job's state from ``squeue``; see `hpcddp.slurm.queue`.
+read the job's state from ``squeue``; see `hpcddp.slurm.queue`. A sweep's job array is
+submitted by `hpcddp.slurm.sweep_submit` through the same executor (`executor_for`), and its
+failed points resubmitted by `hpcddp.slurm.sweep_retry`.
 """
 
 import dataclasses
@@ -30,7 +32,6 @@ from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 from hpcddp.config import (
     Config,
     SlurmConfig,
-    from_dict,
     load_config,
     with_overrides,
     with_values,
@@ -38,16 +39,13 @@ from hpcddp.config import (
 from hpcddp.config.sections import ContainerConfig
 from hpcddp.errors import ConfigError, LaunchError
 from hpcddp.outcome import RunOutcome
-from hpcddp.records import sweep_manifest
 from hpcddp.slurm import cpus_per_task
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
 from hpcddp.slurm.chain import chain_name, submit_links
 from hpcddp.slurm.container import gpu_lines, pyxis_args, wrapper_args
 from hpcddp.slurm.cpus_per_task import with_cpus
-from hpcddp.slurm.grid import point_config, sweep_points
-from hpcddp.slurm.options import DEPENDENCY, SRUN_ARGS, SRUN_ENV, request
-from hpcddp.slurm.sweep_status import sweep_rows
+from hpcddp.slurm.options import SRUN_ARGS, SRUN_ENV, request, submitit_parameters
 from hpcddp.slurm.tasks import CheckTask, TrainTask
 
 log = logging.getLogger(__name__)
@@ -98,7 +96,7 @@ class LocalRun(LocalJob[RunOutcome]):
         return self.results()[0]
 
 
-def _adopt(job: Any, folder: pathlib.Path, cluster: str) -> SlurmRun | LocalRun:
+def adopt(job: Any, folder: pathlib.Path, cluster: str) -> SlurmRun | LocalRun:
     """The same job, as one of the classes above."""
     tasks = list(range(job.num_tasks))
     if cluster == "local":
@@ -144,38 +142,18 @@ def resolve_config(
 
 
 def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
-    """The job's `request`, spelt as submitit AutoExecutor parameters (``slurm_*`` apply on
-    Slurm only)."""
+    """The job's `request` as submitit AutoExecutor parameters, with the srun settings and
+    setup lines every step gets (the trainer checkpoints on SIGUSR2 and requeues itself)."""
     if slurm.spare_nodes:
         raise ConfigError(
             f"slurm.spare_nodes={slurm.spare_nodes}: restarting on a spare node is done by the "
             "job script's shell, which submitit's job does not have. HINT: use `hpcddp sbatch` "
             "(or sbatch/train.sh) for spare nodes, or set slurm.spare_nodes=0 for submit()."
         )
-    job = request(slurm)
-    # A chain's links run one at a time, in order: one name, one user (hpcddp.slurm.chain).
-    chain_dependency = {"dependency": DEPENDENCY} if slurm.chained else {}
-    params: dict[str, Any] = {
-        "name": job.job_name,
-        "nodes": job.nodes,
-        "tasks_per_node": job.tasks_per_node,
-        "cpus_per_task": job.cpus_per_task,
-        "timeout_min": job.time_min,
-        "slurm_signal_delay_s": job.signal_delay_s,
-        "slurm_srun_args": [*SRUN_ARGS, *pyxis_args(slurm.container)],
-        # The container gets the GPUs whenever Slurm gave some (hpcddp.slurm.container).
-        "slurm_setup": [SRUN_ENV, *gpu_lines(slurm.container), *slurm.setup],
-        # The trainer checkpoints on SIGUSR2 and requeues with `scontrol requeue`.
-        "slurm_additional_parameters": {"requeue": True, **chain_dependency, **job.extra_values},
-    }
-    optional = {
-        "gpus_per_node": job.gpus_per_node,
-        "mem_gb": job.mem_gb,
-        "slurm_partition": job.partition,
-        "slurm_account": job.account,
-        "slurm_qos": job.qos,
-    }
-    params.update({name: value for name, value in optional.items() if value})
+    params = submitit_parameters(request(slurm))
+    params["slurm_srun_args"] = [*SRUN_ARGS, *pyxis_args(slurm.container)]
+    # The container gets the GPUs whenever Slurm gave some (hpcddp.slurm.container).
+    params["slurm_setup"] = [SRUN_ENV, *gpu_lines(slurm.container), *slurm.setup]
     return params
 
 
@@ -225,7 +203,7 @@ def choose_cluster(
     )
 
 
-def _executor(config: Config, cluster: str, **extra: Any) -> submitit.AutoExecutor:
+def executor_for(config: Config, cluster: str, **extra: Any) -> submitit.AutoExecutor:
     """A submitit AutoExecutor for ``cluster`` with the config's resources."""
     if cluster == "local" and config.slurm.nodes > 1:
         raise ConfigError(
@@ -246,7 +224,7 @@ def _executor(config: Config, cluster: str, **extra: Any) -> submitit.AutoExecut
     return executor
 
 
-def _record(job: Any, config: Config, cluster: str, submitted_at: float) -> job_index.JobRecord:
+def job_record(job: Any, config: Config, cluster: str, submitted_at: float) -> job_index.JobRecord:
     """What `hpcddp status` and `hpcddp logs` will need once Slurm has forgotten the job."""
     return job_index.JobRecord(
         job_id=str(job.job_id),
@@ -260,7 +238,7 @@ def _record(job: Any, config: Config, cluster: str, submitted_at: float) -> job_
     )
 
 
-# -- the two entry points ---------------------------------------------------------------------
+# -- the entry point --------------------------------------------------------------------------
 
 
 def submit(
@@ -286,11 +264,11 @@ def submit(
         config = with_values(config, [(["slurm", "chain"], 1)])
     if config.slurm.chained:
         return _submit_chain(config, cluster)
-    executor = _executor(config, cluster)
+    executor = executor_for(config, cluster)
     submitted_at = time.time()
     task = CheckTask(config) if check else TrainTask(config)
-    job = _adopt(executor.submit(task), executor.folder, cluster)
-    job_index.write_record(_record(job, config, cluster, submitted_at))
+    job = adopt(executor.submit(task), executor.folder, cluster)
+    job_index.write_record(job_record(job, config, cluster, submitted_at))
     log.info(
         "submitted job %s (%s, %d tasks), run dir %s",
         job.job_id,
@@ -312,13 +290,13 @@ def _submit_chain(config: Config, cluster: str) -> SlurmRun | LocalRun:
     config = with_values(
         config, [(["slurm", "job_name"], chain_name(config.slurm.job_name, config.run.dir))]
     )
-    executor = _executor(config, cluster)
+    executor = executor_for(config, cluster)
     jobs: list[SlurmRun | LocalRun] = []
 
     def submit_one(_: int) -> str:
         submitted_at = time.time()
-        jobs.append(_adopt(executor.submit(TrainTask(config)), executor.folder, cluster))
-        job_index.write_record(_record(jobs[-1], config, cluster, submitted_at))
+        jobs.append(adopt(executor.submit(TrainTask(config)), executor.folder, cluster))
+        job_index.write_record(job_record(jobs[-1], config, cluster, submitted_at))
         return str(jobs[-1].job_id)
 
     record = submit_links(submit_one, config.run.dir, config.slurm.job_name, config.slurm.chain)
@@ -329,114 +307,3 @@ def _submit_chain(config: Config, cluster: str) -> SlurmRun | LocalRun:
         config.run.dir,
     )
     return jobs[0]
-
-
-def sweep(
-    config: Config | str | os.PathLike[str],
-    grid: Mapping[str, Sequence[Any]],
-    overrides: Sequence[str] = (),
-    *,
-    max_parallel: int | None = None,
-    cluster: str | None = None,
-    **slurm_options: Any,
-) -> list[SlurmRun | LocalRun]:
-    """Submit one job array over the cartesian product of ``grid``; one job per point.
-
-    Each point runs in ``<run.dir>/<index>-<key=value,...>``; ``<run.dir>/sweep.json`` records
-    the points and the array (`hpcddp.records.sweep_manifest`), for ``hpcddp status|plot
-    SWEEP_DIR`` and `retry_failed`. Every point's config is built and checked here, so a bad
-    value fails now, not in the job. ``max_parallel`` caps how many array tasks run at once
-    (Slurm only; the local executor starts them all).
-    """
-    base = resolve_config(config, overrides, slurm_options)
-    if base.slurm.chained:
-        raise ConfigError(
-            f"slurm.chain={base.slurm.chain}: a sweep's points are one job array, which a chain "
-            "of singleton jobs cannot be. HINT: set slurm.chain=1 for the sweep, or submit each "
-            "point as a run of its own."
-        )
-    if max_parallel is not None and (not isinstance(max_parallel, int) or max_parallel < 1):
-        raise ConfigError(
-            f"max_parallel must be a positive integer, got {max_parallel!r}. "
-            "HINT: leave it out to run every point at once."
-        )
-    sweep_dir = pathlib.Path(base.run.dir).absolute()
-    if sweep_manifest.is_sweep_dir(sweep_dir):
-        raise ConfigError(
-            f"{sweep_dir} already holds a sweep ({sweep_manifest.FILE}). HINT: give this sweep "
-            f"its own run.dir, or resubmit its failed points with "
-            f"`hpcddp sweep --retry-failed {sweep_dir}`."
-        )
-    base = with_values(base, [(["run", "dir"], str(sweep_dir))])
-    points = sweep_points(grid)
-    configs = [point_config(base, index, point) for index, point in enumerate(points)]
-    manifest = sweep_manifest.Manifest(
-        grid={key: list(values) for key, values in grid.items()},
-        points=tuple(
-            sweep_manifest.Point(index, dict(point), point_dir.run.dir)
-            for index, (point, point_dir) in enumerate(zip(points, configs, strict=True))
-        ),
-        max_parallel=max_parallel,
-        config=base.to_dict(),
-    )
-    sweep_manifest.encode(manifest)  # refuses now what sweep.json could not hold after submitting
-    return submit_points(manifest, range(len(points)), cluster)
-
-
-def submit_points(
-    manifest: sweep_manifest.Manifest, indices: Sequence[int], cluster: str | None = None
-) -> list[SlurmRun | LocalRun]:
-    """Submit the manifest's points ``indices`` as one new job array, and record it there."""
-    base = from_dict(manifest.config)
-    configs = [_point_again(base, manifest.points[index]) for index in indices]
-    cluster = choose_cluster(cluster)
-    limit = {"slurm_array_parallelism": manifest.max_parallel} if manifest.max_parallel else {}
-    executor = _executor(base, cluster, **limit)
-    submitted_at = time.time()
-    with executor.batch():
-        delayed = [executor.submit(TrainTask(point)) for point in configs]
-    submitted = [_adopt(job, executor.folder, cluster) for job in delayed]
-    records = [
-        _record(job, point, cluster, submitted_at)
-        for job, point in zip(submitted, configs, strict=True)
-    ]
-    for record in records:
-        job_index.write_record(record)
-    tasks = tuple(
-        sweep_manifest.Task(index, record.name, record.stdout, record.stderr)
-        for index, record in zip(indices, records, strict=True)
-    )
-    array_id = str(submitted[0].job_id).split("_")[0]
-    array = sweep_manifest.Array(array_id, cluster, submitted_at, tasks)
-    sweep_manifest.write(base.run.dir, manifest.with_array(array))
-    log.info("submitted sweep of %d runs (%s) under %s", len(submitted), cluster, base.run.dir)
-    return submitted
-
-
-def _point_again(base: Config, point: sweep_manifest.Point) -> Config:
-    """A recorded point's config, rebuilt from the base; it must land in its recorded run dir."""
-    config = point_config(base, point.index, tuple(point.grid.items()))
-    if config.run.dir != point.run_dir:
-        raise ConfigError(
-            f"sweep point {point.index} would run in {config.run.dir}, not in its recorded "
-            f"{point.run_dir}. HINT: the sweep directory was moved; retry from where it was made."
-        )
-    return config
-
-
-def retry_failed(
-    sweep_dir: str | os.PathLike[str],
-    cluster: str | None = None,
-    run: slurm_queue.Runner | None = None,
-) -> list[SlurmRun | LocalRun]:
-    """Resubmit the sweep's failed, timed-out or stopped points as one new array over the same
-    run directories (each resumes from its latest checkpoint); [] when none needs it.
-
-    ``cluster`` defaults to where the sweep's last array ran; ``run`` runs ``squeue``.
-    """
-    sweep_dir = pathlib.Path(sweep_dir)
-    manifest = sweep_manifest.read(sweep_dir)
-    indices = [row.index for row in sweep_rows(sweep_dir, run) if row.retryable]
-    if not indices:
-        return []
-    return submit_points(manifest, indices, cluster or manifest.arrays[-1].cluster)

@@ -18,7 +18,7 @@ from hpcddp.records import attempts, chain_record
 from hpcddp.records.chain_record import ChainRecord
 from hpcddp.records.rundir import Attempt
 from hpcddp.resilience import rules
-from hpcddp.slurm import chain, policy, submission
+from hpcddp.slurm import chain, policy, submission, sweep_submit
 from hpcddp.slurm.chain_status import link_rows
 from hpcddp.slurm.jobscript import render
 from hpcddp.slurm.options import sbatch_options
@@ -97,7 +97,7 @@ def test_submitit_never_requeues_a_link():
 def test_a_chain_is_refused_where_it_cannot_be(tmp_path):
     config = Config(slurm=SlurmConfig(chain=2))
     with pytest.raises(ConfigError, match="one job array.*HINT: set slurm.chain=1"):
-        submission.sweep(config, {"optim.lr": [0.1, 0.2]}, cluster="local")
+        sweep_submit.sweep(config, {"optim.lr": [0.1, 0.2]}, cluster="local")
     with pytest.raises(ConfigError, match="submitit's local executor. HINT: set slurm.chain=1"):
         submission.submit(config, [f"run.dir={tmp_path}"], cluster="local")
 

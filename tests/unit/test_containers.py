@@ -214,7 +214,7 @@ def test_submit_starts_python_inside_apptainer_and_asks_srun_for_pyxis(monkeypat
     setup = submission.executor_parameters(config.slurm)["slurm_setup"]
     assert setup[2:] == APPTAINER["setup"]
     assert "SLURM_JOB_GPUS" in setup[1] and "export APPTAINER_NV=1" in setup[1]
-    executor = submission._executor(config, "slurm")
+    executor = submission.executor_for(config, "slurm")
     image = shlex.quote(APPTAINER["container"]["image"])
     assert executor._executor.python == (
         "apptainer exec --nv --bind /scratch --bind /data:/data:ro --writable-tmpfs "

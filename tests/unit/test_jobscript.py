@@ -99,7 +99,8 @@ def test_options_override_the_config_and_are_checked_again():
     assert "--nodes=4" in lines and "--partition=gpu" in lines and "--time=01:30:00" in lines
     with pytest.raises(ConfigError, match="slurm.nodes must be > 0"):
         render(config, options={"nodes": 0})
-    with pytest.raises(ConfigError, match="unknown sbatch option 'ndoes'; valid options: nodes"):
+    valid = "valid options: job_name, nodes, tasks_per_node"
+    with pytest.raises(ConfigError, match=f"unknown sbatch option 'ndoes'; {valid}"):
         render(config, options={"ndoes": 2})
 
 
@@ -115,17 +116,17 @@ def test_gpus_memory_and_empty_fields():
 
 def test_extra_options_flags_and_values():
     extra = {
-        "constraint": "a100&ib",
-        "exclusive": True,
-        "mail-type": "END,FAIL",
+        "gres": "gpu:a100:1&x",
+        "overcommit": True,
+        "hint": "nomultithread",
         "hold": False,
         "contiguous": None,
     }
     lines = sbatch_lines(render(slurm_config(extra=extra)))
     assert lines[-4:] == [
-        "--constraint=a100&ib",
-        "--exclusive",
-        "--mail-type=END,FAIL",
+        "--gres=gpu:a100:1&x",
+        "--overcommit",
+        "--hint=nomultithread",
         "--contiguous",
     ]
 
@@ -133,7 +134,7 @@ def test_extra_options_flags_and_values():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        ({"mail_type": "END"}, "slurm.extra option name 'mail_type' is not an sbatch option name"),
+        ({"cpu_freq": "low"}, "slurm.extra option name 'cpu_freq' is not an sbatch option name"),
         ({"--begin": "now"}, "option name '--begin'"),
         ({"nodes": 3}, "slurm.extra.nodes would set --nodes twice. HINT: set slurm.nodes instead"),
         ({"output": "x.out"}, "would set --output twice. HINT: hpcddp sets it"),
@@ -183,19 +184,10 @@ def test_overrides_must_look_like_overrides():
 
 def golden_cases() -> dict:
     """name -> rendered script; hostile strings go only where quoting makes them safe."""
+    # Every row of the option table with its example value: a new row shows up here.
+    examples = {option.field: option.flag.example for option in options.TABLE}
     gpu = slurm_config(
-        nodes=2,
-        tasks_per_node=8,
-        gpus_per_node=8,
-        cpus_per_task=12,
-        mem_gb=480,
-        time_min=2880,
-        partition="gpu-a100",
-        account="proj123",
-        qos="high",
-        job_name="llm-pretrain",
-        signal_delay_s=90,
-        extra={"constraint": "a100&ib", "exclusive": True, "mail-type": "END,FAIL"},
+        **examples, signal_delay_s=90, extra={"hint": "nomultithread", "contiguous": True}
     )
     hostile_override = "run.name=" + HOSTILE.format(pwned="/tmp/pwned") + "\n#SBATCH --nodes=99"
     return {
@@ -702,7 +694,7 @@ BIG = {
     "qos": "high",
     "job_name": "big",
     "signal_delay_s": 60,
-    "extra": {"constraint": "a100"},
+    "extra": {"gres": "gpu:1", "overcommit": True},
 }
 
 
@@ -727,7 +719,8 @@ def test_sbatch_and_submitit_spell_one_request(slurm):
         assert params.get(f"slurm_{name}", "") == lines.get(name, "")
     assert params.get("gpus_per_node", 0) == int(lines.get("gpus-per-node", 0))
     extra = {k: v for k, v in params["slurm_additional_parameters"].items() if k != "requeue"}
-    assert {k: str(v) for k, v in extra.items()} == {k: lines[k] for k in extra}
+    flags = {o[2:]: True for o in options.sbatch_options(config) if "=" not in o}
+    assert extra == {k: {**lines, **flags}[k] for k in extra}
 
 
 def test_srun_settings_are_stated_once_for_the_script_and_submitit():

@@ -15,7 +15,7 @@ import pytest
 from hpcddp.cli import jobs
 from hpcddp.config import Config, SlurmConfig, load_config
 from hpcddp.errors import ConfigError, LaunchError
-from hpcddp.slurm import grid, submission
+from hpcddp.slurm import grid, submission, sweep_submit
 from hpcddp.slurm import index as job_index
 from hpcddp.slurm import queue as slurm_queue
 from hpcddp.slurm import status as job_status
@@ -78,7 +78,7 @@ def test_every_field_maps_and_extra_options_pass_through():
         qos="high",
         job_name="big",
         signal_delay_s=90,
-        extra={"constraint": "a100", "exclusive": True},
+        extra={"gres": "gpu:1", "overcommit": True, "hold": False},
     )
     params = submission.executor_parameters(slurm)
     assert {
@@ -109,9 +109,9 @@ def test_every_field_maps_and_extra_options_pass_through():
     assert params["slurm_signal_delay_s"] == 90
     assert params["slurm_additional_parameters"] == {
         "requeue": True,
-        "constraint": "a100",
-        "exclusive": True,
-    }
+        "gres": "gpu:1",
+        "overcommit": True,
+    }  # false leaves an extra option out, as in the job script
 
 
 def test_submitit_renders_the_mapping_into_the_sbatch_script(monkeypatch, tmp_path):
@@ -123,7 +123,7 @@ def test_submitit_renders_the_mapping_into_the_sbatch_script(monkeypatch, tmp_pa
     config = submission.resolve_config(
         config, (), {"nodes": 2, "tasks_per_node": 4, "partition": "debug", "mem_gb": 1.5}
     )
-    executor = submission._executor(config, "slurm")
+    executor = submission.executor_for(config, "slurm")
     assert isinstance(executor, submitit.AutoExecutor)
     assert executor.folder == tmp_path / "run" / "submitit"
     text = executor._executor._make_submission_file_text("CMD", "uid")
@@ -170,7 +170,7 @@ def test_config_may_be_a_config_object_with_overrides():
         ({"nodes": 3}, "set slurm.nodes instead"),
         ({"ntasks_per_node": 3}, "set slurm.tasks_per_node instead"),
         ({"output": "x.out"}, "hpcddp sets it"),
-        ({"constraint": ["a", "b"]}, "must be a string, number or true"),
+        ({"gres": ["a", "b"]}, "must be a string, number or true"),
     ],
 )
 def test_extra_options_cannot_contradict_named_ones(extra, message):
@@ -181,7 +181,7 @@ def test_extra_options_cannot_contradict_named_ones(extra, message):
 def test_local_executor_refuses_many_nodes():
     config = submission.resolve_config(Config(), (), {"nodes": 2})
     with pytest.raises(ConfigError, match="runs on this one machine"):
-        submission._executor(config, "local")
+        submission.executor_for(config, "local")
 
 
 # -- where the job runs -----------------------------------------------------------------------
@@ -263,13 +263,13 @@ def test_bad_sweep_values_fail_at_submission_not_in_the_job():
         match=r"sweep point 1 \(optim.lr=fast\): optim.lr must be "
         r"float, got str 'fast'",
     ):
-        submission.sweep("examples/quickstart.yaml", {"optim.lr": [0.1, "fast"]}, cluster="local")
+        sweep_submit.sweep("examples/quickstart.yaml", {"optim.lr": [0.1, "fast"]}, cluster="local")
     with pytest.raises(ConfigError, match="unknown key optim.rate; valid keys: optim.name"):
-        submission.sweep("examples/quickstart.yaml", {"optim.rate": [0.1]}, cluster="local")
+        sweep_submit.sweep("examples/quickstart.yaml", {"optim.rate": [0.1]}, cluster="local")
     with pytest.raises(ConfigError, match="unknown key nope; valid keys: run, model"):
-        submission.sweep("examples/quickstart.yaml", {"nope.x": [1]}, cluster="local")
+        sweep_submit.sweep("examples/quickstart.yaml", {"nope.x": [1]}, cluster="local")
     with pytest.raises(ConfigError, match="max_parallel must be a positive integer"):
-        submission.sweep(
+        sweep_submit.sweep(
             "examples/quickstart.yaml", {"optim.lr": [0.1]}, max_parallel=0, cluster="local"
         )
     assert not pathlib.Path(os.environ["HPCDDP_JOBS_DIR"]).exists()  # nothing was submitted

@@ -12,7 +12,7 @@ import pytest
 
 from hpcddp.cli import main
 from hpcddp.records import sweep_manifest
-from hpcddp.slurm import submission, sweep_status
+from hpcddp.slurm import sweep_retry, sweep_status
 from hpcddp.slurm.sweep_status import point_state
 
 SUBMITTED_AT = 1_000_000.0
@@ -181,16 +181,16 @@ def test_a_silent_controller_is_unknown_not_failed_unless_the_files_know(sweep_d
 def test_retry_resubmits_only_failed_points_into_their_run_dirs(sweep_dir, monkeypatch):
     submitted = []
     monkeypatch.setattr(
-        submission, "submit_points", lambda manifest, indices, cluster: submitted.append(
+        sweep_retry, "submit_points", lambda manifest, indices, cluster: submitted.append(
             (list(indices), cluster)) or ["job"]
     )  # fmt: skip
-    assert submission.retry_failed(sweep_dir, run=squeue(QUEUE)) == ["job"]
+    assert sweep_retry.retry_failed(sweep_dir, run=squeue(QUEUE)) == ["job"]
     assert submitted == [([2, 3], "slurm")]
     done = [x.replace("RUNNING", "COMPLETED").replace("TIMEOUT", "RUNNING") for x in QUEUE]
     _summary(sweep_dir / "1-p", SUBMITTED_AT + 90)
     (sweep_dir / "7_2.err").unlink()
     _summary(sweep_dir / "2-p", SUBMITTED_AT + 30)
-    assert submission.retry_failed(sweep_dir, run=squeue(done)) == []
+    assert sweep_retry.retry_failed(sweep_dir, run=squeue(done)) == []
 
 
 def test_a_local_sweep_asks_no_scheduler_and_reads_the_raised_error(tmp_path):
