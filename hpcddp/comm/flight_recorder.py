@@ -12,8 +12,15 @@ rest of the environment (`hpcddp.comm.group.export_env`). A variable the user se
 import pathlib
 from collections.abc import Mapping
 
+from hpcddp.storage.nccl_blame import DUMP_PREFIX  # torch appends the rank
+
+# How to read the dumps. A rank that died without writing one (killed, or gone before the
+# timeout) stops fr_trace with "Missing dump files from ranks" unless it is told to go on.
+READ_DUMPS = (
+    f"python -m torch.distributed.flight_recorder.fr_trace RUN_DIR/logs -p {DUMP_PREFIX} "
+    "--allow-incomplete-ranks"
+)
 BUFFER_ENTRIES = "2000"  # collectives kept per process group: the last few steps' worth
-DUMP_PREFIX = "nccl-trace-rank-"  # torch appends the rank
 
 # each setting under its current name and the names torch still accepts for it
 _SETTINGS = (

@@ -47,7 +47,7 @@ from hpcddp.errors import HpcddpError
 from hpcddp.launch import deaths, hostlist
 from hpcddp.notify.notices import Notifier
 from hpcddp.slurm import chain
-from hpcddp.storage import attempts
+from hpcddp.storage import attempts, nccl_blame
 
 FAILED = "failed"  # every failure's cause starts with it
 _SRUN_ERROR = re.compile(r"^srun: error: (\S+): (tasks? [0-9,-]+): (.+)$")
@@ -341,6 +341,8 @@ def _after_step(args: argparse.Namespace, environ: Mapping[str, str]) -> Decisio
     verdict = attempts.take_hang_verdict(config.run.dir, now.job, restart)
     if verdict is not None:
         failure = Failure.from_hang(failure.status, verdict)
+    elif (nccl := nccl_blame.take_verdict(config.run.dir, now.job, restart)) is not None:
+        failure = Failure.from_hang(failure.status, nccl)  # NCCL aborted the waiters, not it
     decision = after_failure(failure, now)
     os.makedirs(config.run.dir, exist_ok=True)  # the ranks may have died before making it
     attempts.record(
