@@ -221,6 +221,17 @@ class Leaving(enum.Enum):
     ALONE = "alone"  # a failure: peers may be dead or hung; wait for nobody
 
 
+def abandon() -> None:
+    """Leave after a failure: abort every group rather than destroy it. Destroying an NCCL
+    group waits for its collectives, and one stuck on a dead or hung peer would hold this rank
+    until NCCL's watchdog kills it (SIGABRT), before its error was ever printed."""
+    try:
+        dist.distributed_c10d._abort_process_group()
+    except (RuntimeError, ValueError):  # a backend that cannot abort: destroy, as before
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 INTERRUPTED_WAIT_S = 10.0  # rank 0, after a Ctrl-C: at most this for the others to leave
 
 
@@ -235,7 +246,10 @@ def leave_together(how: Leaving, timeout_s: float = 60.0) -> None:
     """
     if not dist.is_initialized():
         return
-    if how is Leaving.ALONE or dist.get_world_size() == 1:
+    if how is Leaving.ALONE:
+        abandon()
+        return
+    if dist.get_world_size() == 1:
         dist.destroy_process_group()
         return
     if how is Leaving.FINISHED:
