@@ -90,3 +90,30 @@ def test_nccl_s_reason_is_taken_from_its_last_error_lines_not_the_file_name():
     assert join_errors.cause_of("nccl", DUPLICATE).name == "duplicate GPU"
     assert join_errors.cause_of("gloo", DUPLICATE) is None
     assert join_errors.reason("") == "" and join_errors.reason("one\n") == "one"
+
+
+def test_a_timed_out_nccl_collective_names_the_missing_ranks_through_the_gloo_side_group(
+    monkeypatch,
+):
+    """NCCL has no monitored barrier: the gloo side group the run already made has one."""
+    from hpcddp.comm import failures, sidegroup
+
+    side = object()
+    asked = []
+
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        asked.append(group)
+        if group is not side:  # the default group is NCCL's
+            raise RuntimeError("monitored_barrier is only implemented for GLOO backend.")
+        raise RuntimeError("[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 10000 ms")
+
+    monkeypatch.setattr(failures.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(failures.dist, "monitored_barrier", monitored_barrier)
+    monkeypatch.setattr(sidegroup, "made", lambda: side)
+    timeout = RuntimeError("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7)")
+    told = str(failures.explain(timeout, nccl_rank(0, 4), 600))
+    assert "never reached: Ranks 1, 3 failed to pass monitoredBarrier" in told, told
+    assert asked == [side]
+    monkeypatch.setattr(sidegroup, "made", lambda: None)  # never made: not made now either
+    told = str(failures.explain(timeout, nccl_rank(0, 4), 600))
+    assert "never reached. A rank" in told and asked == [side]
