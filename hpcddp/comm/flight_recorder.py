@@ -4,9 +4,14 @@ Under NCCL's default error handling a collective that times out aborts the proce
 exception, nothing in the log about which collective or which rank. The flight recorder keeps
 the last collectives of every process group in a ring buffer and, on a watchdog timeout,
 writes them to a file per rank; comparing those files names the rank that never joined
-(``python -m torch.distributed.flight_recorder.fr_trace RUN_DIR/logs -p nccl-trace-rank-``).
-torch reads these variables when a process group is created, so they are exported with the
-rest of the environment (`hpcddp.comm.group.export_env`). A variable the user set wins.
+(`READ_DUMPS`). After a Slurm job's failure the job script's policy reads them to blame the node
+that is behind (`hpcddp.storage.nccl_blame`) and moves them to that attempt's hang folder.
+
+A timed-out rank does not end at ``dist.timeout_s``: NCCL's watchdog first sleeps four times
+``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC`` (15 s by default, so 60 s) for every rank to write its
+dump, then aborts. torch reads these variables when a process group is created, so they are
+exported with the rest of the environment (`hpcddp.comm.group.export_env`). A variable the
+user set wins.
 """
 
 import pathlib
