@@ -32,7 +32,7 @@ def test_fp32_matmuls_use_tf32_on_a_gpu_unless_the_config_says_not(
 
 
 def test_torch_s_tf32_deprecation_warning_is_not_printed_on_every_gpu_rank(
-    matmul_precision, monkeypatch, recwarn
+    matmul_precision, recwarn
 ):
     """torch 2.9 to 2.11 warn at both legacy settings (a UserWarning from C++), on every rank."""
     told = ddp.TF32_DEPRECATION + " ... will be deprecated after Pytorch 2.9."
@@ -47,10 +47,11 @@ def test_torch_s_tf32_deprecation_warning_is_not_printed_on_every_gpu_rank(
 
         return setter
 
-    monkeypatch.setattr(torch, "set_float32_matmul_precision", warning(real_precision))
-    monkeypatch.setattr(cudnn_tf32, "setter", warning(real_setter))
     warnings.simplefilter("always")
-    ddp.set_fp32_matmuls(True, torch.device("cuda:0"))
+    with pytest.MonkeyPatch.context() as patch:  # undone before the settings are put back
+        patch.setattr(torch, "set_float32_matmul_precision", warning(real_precision))
+        patch.setattr(cudnn_tf32, "setter", warning(real_setter))
+        ddp.set_fp32_matmuls(True, torch.device("cuda:0"))
     assert [str(w.message) for w in recwarn] == []
     assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
 
