@@ -341,7 +341,9 @@ def _after_step(args: argparse.Namespace, environ: Mapping[str, str]) -> Decisio
     verdict = attempts.take_hang_verdict(config.run.dir, now.job, restart)
     if verdict is not None:
         failure = Failure.from_hang(failure.status, verdict)
-    elif (nccl := nccl_blame.take_verdict(config.run.dir, now.job, restart)) is not None:
+    elif nccl := nccl_blame.take_verdict(
+        config.run.dir, attempts.hang_dir(config.run.dir, now.job, restart)
+    ):
         failure = Failure.from_hang(failure.status, nccl)  # NCCL aborted the waiters, not it
     decision = after_failure(failure, now)
     os.makedirs(config.run.dir, exist_ok=True)  # the ranks may have died before making it

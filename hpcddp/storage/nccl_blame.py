@@ -8,7 +8,7 @@ each collective of a group has a sequence id, counted alike on every rank, so th
 last one in the default group is the lowest is the one that never arrived.
 
 `behind` is the rule: pure, no threads, no clocks, no torch. `take` reads an attempt's dumps
-and moves them beside its hang stacks (`hpcddp.storage.attempts.hang_dir`), so a later
+and moves them beside its hang stacks (the caller names that folder), so a later
 failure of the same job is never blamed on them; `host_of` reads a rank's node from its log.
 """
 
@@ -21,8 +21,6 @@ import pickle
 import re
 from collections.abc import Mapping
 from typing import Any
-
-from hpcddp.storage import attempts
 
 DUMP_PREFIX = "nccl-trace-rank-"  # TORCH_FR_DUMP_TEMP_FILE ends with it; torch adds the rank
 DEFAULT_GROUP = "default_pg"
@@ -157,12 +155,12 @@ def host_of(logs: pathlib.Path, rank: int) -> str:
     return places[-1].group(2) if places else ""
 
 
-def take_verdict(run_dir: str | os.PathLike[str], job: str, restart: int) -> dict[str, Any] | None:
+def take_verdict(run_dir: str | os.PathLike[str], keep_in: pathlib.Path) -> dict[str, Any] | None:
     """A hang verdict in the watchdog's shape (`hpcddp.slurm.policy.Failure.from_hang` reads
     it) when the attempt's dumps name the ranks behind; None when there are none or they do not
-    tell. The dumps move to the attempt's hang folder either way."""
+    tell. The dumps move to ``keep_in`` (the attempt's hang folder) either way."""
     logs = pathlib.Path(run_dir) / "logs"
-    blame = behind(take(logs, attempts.hang_dir(run_dir, job, restart)))
+    blame = behind(take(logs, keep_in))
     if not blame.ranks:
         return None
     hosts = sorted({host for host in (host_of(logs, r) for r in blame.ranks) if host})
