@@ -38,6 +38,7 @@ def test_a_hung_nccl_collective_leaves_dumps_that_name_the_rank_behind(tmp_path)
         "--nproc",
         "2",
         timeout=300,
+        env={"TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "3000"},  # 4x this after the timeout, not 60 s
     )
     assert done.returncode != 0 and done.returncode != 2, done.stderr[-3000:]
     logs = tmp_path / "logs"
