@@ -36,6 +36,9 @@ PROVENANCE = "provenance.json"
 CHAIN = "chain.json"
 HANG_VERDICT = "verdict.json"  # in an attempt's folder under logs/hang/
 SWEEP_MANIFEST = "sweep.json"  # in a sweep's directory, beside its points' run directories
+# NCCL flight-recorder dumps in logs/, one per rank: TORCH_FR_DUMP_TEMP_FILE ends with it and
+# torch appends the rank (`hpcddp.comm.flight_recorder`, read by `hpcddp.records.nccl_blame`)
+FLIGHT_RECORDER_DUMP = "nccl-trace-rank-"
 
 # summary.json's ``status``
 FINISHED = "finished"

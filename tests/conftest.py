@@ -13,7 +13,7 @@ import pathlib
 
 import pytest
 
-from tests.fixtures import cluster_boot, sharing
+from tests.fixtures import cluster_boot, gpu_tier, sharing
 from tests.fixtures.helpers import REPO, in_ci
 
 # Tests start in this order: the longest first (tests/longest.txt), then the Slurm and local
@@ -24,6 +24,12 @@ INTERLEAVED, LAST = ("slurm", "local"), ("unit",)
 LONGEST = pathlib.Path(__file__).parent / "longest.txt"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """On a GPU machine every tier but the GPU tier runs on CPU (`tests.fixtures.gpu_tier`)."""
+    gpu_tier.hide_gpus_unless_asked(config.args, REPO, os.environ)
+
+
+@pytest.hookimpl(optionalhook=True)  # the GPU tier runs with -p no:xdist
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two workers per core (``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides it)."""
     return sharing.worker_count(os.cpu_count(), os.environ)

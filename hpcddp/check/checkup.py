@@ -173,21 +173,33 @@ def _views(facts: Sequence[Facts]) -> list[gpus.View]:
             f["rank"],
             f["host"],
             f["local_rank"],
-            tuple(gpus.Gpu(i, uuid) for i, uuid in enumerate(f.get("gpu_uuids") or [])),
+            tuple(
+                gpus.Gpu(i, uuid, "", bus)
+                for i, (uuid, bus) in enumerate(
+                    _uuids_and_buses(f.get("gpu_uuids") or [], f.get("gpu_bus_ids") or [])
+                )
+            ),
             f.get("gpu_index"),
         )
         for f in facts
     ]
 
 
+def _uuids_and_buses(uuids: Sequence[str], buses: Sequence[str]) -> list[tuple[str, str]]:
+    """Each GPU's UUID and PCI bus id ("" where a rank's facts do not give it)."""
+    return [(uuid, buses[i] if i < len(buses) else "") for i, uuid in enumerate(uuids)]
+
+
 def gpu_problems(ranks: Sequence[Facts], backend: str, gpus_asked: int) -> list[Problem]:
-    """Ranks on one GPU (by UUID: the rendezvous's rule), GPUs left idle, GPUs asked but unseen."""
+    """Ranks on one GPU (by host and bus id: the rendezvous's rule), GPUs left idle, GPUs asked
+    but unseen."""
     problems = []
     views = _views(ranks)
     chosen = {v.rank: v.index for v in views if v.index is not None}
     if backend == "nccl":
         problems += [
-            Problem("error", gpus.sharing_message(g, who)) for g, who in gpus.shared(views, chosen)
+            Problem("error", gpus.sharing_message(g, who))
+            for g, who in gpus.shared(views, chosen, physical=True)
         ]
     for host, facts in by_host(ranks).items():
         visible = {u for f in facts for u in f.get("gpu_uuids") or []}

@@ -89,6 +89,7 @@ def _gpu_facts(env: DistEnv, device: torch.device, environ: Mapping[str, str]) -
         "gpus_visible": len(env.gpus),
         "gpu_ids": ids if env.gpus else "",
         "gpu_uuids": [g.uuid for g in env.gpus],
+        "gpu_bus_ids": [g.bus_id for g in env.gpus],
         "gpu_index": used.index if used else None,
         "gpu": gpus.describe(used),
     }

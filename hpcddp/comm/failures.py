@@ -12,6 +12,7 @@ import re
 
 import torch.distributed as dist
 
+from hpcddp.comm import sidegroup
 from hpcddp.errors import DistributedError, PeerLostError
 from hpcddp.launch.distenv import DistEnv
 
@@ -30,10 +31,19 @@ _TIMED_OUT = re.compile(
 _PEER_ADDRESS = re.compile(r"\[([0-9a-fA-F.:]+)\]:(\d+)")
 
 
-def missing_ranks(timeout_s: float = 10.0) -> str:
-    """Best effort after a timeout: gloo's monitored barrier names ranks that do not arrive."""
+def missing_ranks(timeout_s: float = 10.0, backend: str = "gloo") -> str:
+    """Best effort after a timeout: gloo's monitored barrier names ranks that do not arrive.
+
+    NCCL has no monitored barrier; under NCCL it runs on the gloo side group
+    (`hpcddp.comm.sidegroup`), if the run made one already (making it is itself a collective).
+    """
+    group = None if backend == "gloo" else sidegroup.made()
+    if backend != "gloo" and group is None:
+        return ""
     try:
-        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+        dist.monitored_barrier(
+            group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True
+        )
     except Exception as err:  # the message is the point: "Ranks 3 failed to pass ..."
         match = re.search(r"Ranks? [\d, ]+ failed to pass monitoredBarrier", str(err))
         return match.group(0) if match else ""
@@ -59,7 +69,7 @@ def explain(err: BaseException, env: DistEnv, timeout_s: float) -> BaseException
             "first error in the job's output, or the last lines of RUN_DIR/logs/rank-*.log."
         )
     if _TIMED_OUT.search(text):
-        absent = missing_ranks() if env.backend == "gloo" else ""
+        absent = missing_ranks(backend=env.backend)
         return DistributedError(
             f"rank {env.rank} on {env.hostname} waited dist.timeout_s={timeout_s:.0f} s in a "
             f"collective that other ranks never reached{': ' + absent if absent else ''}. A rank "

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 import torch
 import torch.distributed as dist
 
-from hpcddp.comm import rendezvous
+from hpcddp.comm import join_errors, rendezvous
 from hpcddp.comm.flight_recorder import flight_recorder_env
 from hpcddp.comm.rendezvous import Meeting, Network
 from hpcddp.errors import DistributedError, HpcddpError
@@ -194,15 +194,15 @@ def joined(
 def _join_error(
     env: DistEnv, meeting: Meeting | None, err: Exception, timeout_s: float
 ) -> DistributedError:
-    """The ranks met, but their backend could not connect: say over what, and what to check."""
-    text = str(err).strip().splitlines()
+    """The ranks met, but their backend could not connect: say over what, the backend's own
+    reason (NCCL's ``Last error:`` lines), and what to check for that cause
+    (`hpcddp.comm.join_errors`)."""
+    text = str(err)
     over = f" over {meeting.network.interface} ({meeting.network.address})" if meeting else ""
     return DistributedError(
         f"rank {env.rank} on {env.hostname} met the others but {env.backend} could not connect "
-        f"them{over} within {timeout_s:.0f} s: {text[0] if text else type(err).__name__}. "
-        "HINT: the nodes must reach each other on every port of that interface (a firewall "
-        "between nodes?); `hpcddp check` with the same resources names the node, and "
-        "dist.socket_ifname picks another interface."
+        f"them{over} within {timeout_s:.0f} s: {join_errors.reason(text) or type(err).__name__}. "
+        f"HINT: {join_errors.hint(env.backend, text)}."
     )
 
 
@@ -221,6 +221,17 @@ class Leaving(enum.Enum):
     ALONE = "alone"  # a failure: peers may be dead or hung; wait for nobody
 
 
+def abandon() -> None:
+    """Leave after a failure: abort every group rather than destroy it. Destroying an NCCL
+    group waits for its collectives, and one stuck on a dead or hung peer would hold this rank
+    until NCCL's watchdog kills it (SIGABRT), before its error was ever printed."""
+    try:
+        dist.distributed_c10d._abort_process_group()
+    except (RuntimeError, ValueError):  # a backend that cannot abort: destroy, as before
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 INTERRUPTED_WAIT_S = 10.0  # rank 0, after a Ctrl-C: at most this for the others to leave
 
 
@@ -235,7 +246,10 @@ def leave_together(how: Leaving, timeout_s: float = 60.0) -> None:
     """
     if not dist.is_initialized():
         return
-    if how is Leaving.ALONE or dist.get_world_size() == 1:
+    if how is Leaving.ALONE:
+        abandon()
+        return
+    if dist.get_world_size() == 1:
         dist.destroy_process_group()
         return
     if how is Leaving.FINISHED:

@@ -349,12 +349,14 @@ def plan_devices(hellos: Mapping[int, Hello]) -> tuple[dict[int, str], list[str]
     """Every rank's device (`hpcddp.launch.gpus.assign`), or the refusal naming each GPU
     that NCCL ranks would share.
 
-    Only NCCL refuses two ranks on one GPU; gloo ranks may share one (slowly).
+    Only NCCL refuses two ranks on one GPU (by host and PCI bus id: MIG instances of one GPU
+    count as one); gloo ranks may share one (slowly).
     """
     views = [h.view() for h in hellos.values()]
     chosen = assign(views)
     nccl = {rank for rank, hello in hellos.items() if hello.backend == "nccl"}
-    clashes = [(g, who) for g, who in shared(views, chosen) if {v.rank for v in who} & nccl]
+    clashes = [(g, who) for g, who in shared(views, chosen, physical=True)
+               if {v.rank for v in who} & nccl]  # fmt: skip
     if clashes:
         lines = [sharing_message(gpu, who) for gpu, who in clashes]
         return {}, ["LaunchError", "\nhpcddp: error: ".join(lines)]

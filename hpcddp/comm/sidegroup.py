@@ -42,6 +42,15 @@ def side_group(timeout_s: float | None = None) -> "dist.ProcessGroup | None":
     return group
 
 
+def made() -> "dist.ProcessGroup | None":
+    """The side group if this world already made it (None otherwise): making it is a
+    collective, which a hung rank would never join."""
+    world, group = _made.get("world"), _made.get("group")
+    if not dist.is_initialized() or world is None or world() is not dist.group.WORLD:
+        return None
+    return group
+
+
 def job_timeout() -> datetime.timedelta:
     """The default group's timeout: ``dist.timeout_s``, as `hpcddp.comm.group` joined with."""
     return _timeout_of(dist.group.WORLD)

@@ -99,16 +99,35 @@ def pin(pinning: Pinning, force: bool = False) -> None:
         os.sched_setaffinity(0, pinning.cpus)
 
 
-def cpus_given(env: DistEnv, environ: Mapping[str, str], allowed: Set[int]) -> int:
+def ranks_sharing(env: DistEnv, allowed: Set[int], sysfs: pathlib.Path = SYSFS) -> int:
+    """How many ranks share the CPUs ``allowed``: 1 for a Slurm task (its own binding); for the
+    one task torchrun and local launches run a node's ranks in, all of them, unless the rank
+    is already pinned to its GPU's NUMA node (`near_gpu`): then only the ranks whose GPUs sit
+    on that node (the node's share of the local ranks), not every local rank again."""
+    ranks = max(env.local_world_size, 1)
+    if env.launcher == "slurm":
+        return 1
+    gpu = env.gpu
+    node = numa_node_of(gpu.bus_id, sysfs) if gpu is not None else None
+    if node is None or not set(allowed) <= node_cpus(node, sysfs):
+        return ranks
+    on_node = sum(1 for g in env.gpus if numa_node_of(g.bus_id, sysfs) == node)
+    return max(-(-ranks * on_node // len(env.gpus)), 1)
+
+
+def cpus_given(
+    env: DistEnv, environ: Mapping[str, str], allowed: Set[int], sysfs: pathlib.Path = SYSFS
+) -> int:
     """How many CPUs this rank has to itself: those it may run on, shared with the ranks of its
-    task (torchrun and local launches run a node's ranks in one task), and never more than its
-    share of ``--cpus-per-task`` (`cpus_for_this_rank`)."""
-    shared_by = 1 if env.launcher == "slurm" else max(env.local_world_size, 1)
-    own = max(len(allowed) // shared_by, 1)
+    task that run on them (`ranks_sharing`), and never more than its share of
+    ``--cpus-per-task`` (`cpus_for_this_rank`)."""
+    own = max(len(allowed) // ranks_sharing(env, allowed, sysfs), 1)
     slurm = cpus_for_this_rank(env, environ)
     return min(own, slurm) if slurm is not None else own
 
 
-def default_workers(env: DistEnv, environ: Mapping[str, str], allowed: Set[int]) -> int:
+def default_workers(
+    env: DistEnv, environ: Mapping[str, str], allowed: Set[int], sysfs: pathlib.Path = SYSFS
+) -> int:
     """DataLoader workers per rank: its CPUs minus the one the training process itself uses."""
-    return max(cpus_given(env, environ, allowed) - 1, 0)
+    return max(cpus_given(env, environ, allowed, sysfs) - 1, 0)

@@ -3,8 +3,10 @@
 Counting visible GPUs cannot tell Slurm's layouts apart: under ``--gpu-bind=closest`` a task
 sees its socket's 2 of the node's 4 GPUs (valid), under ``--gpus-per-node=1`` four tasks see
 the same one GPU (two ranks on one GPU: NCCL's "Duplicate GPU detected"). Device UUIDs can
-(MIG instances have their own), so every rank reports its GPUs' UUIDs at the rendezvous and
-`assign` decides there, for all of them at once. torch is imported only inside `visible_gpus`.
+(MIG instances have their own), so every rank reports its GPUs' UUIDs and PCI bus ids at the
+rendezvous and `assign` decides there, for all of them at once. NCCL itself tells GPUs apart
+by host and bus id, so MIG instances of one GPU are one GPU to it (`device_key`). torch is
+imported only inside `visible_gpus`.
 """
 
 import collections
@@ -36,9 +38,13 @@ class View:
 
 
 def _uuid(props: object) -> str:
-    """torch gives the bare UUID; nvidia-smi and CUDA_VISIBLE_DEVICES write ``GPU-<uuid>``."""
+    """torch gives the bare UUID; nvidia-smi -L and CUDA_VISIBLE_DEVICES write ``GPU-<uuid>``,
+    and ``MIG-<uuid>`` for a MIG instance (whose name torch gives as ``... MIG 3g.20gb``)."""
     text = str(getattr(props, "uuid", "") or "")
-    return text if not text or text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+    if not text or text.startswith(("GPU-", "MIG-")):
+        return text
+    mig = " MIG " in f" {getattr(props, 'name', '')} "
+    return f"{'MIG' if mig else 'GPU'}-{text}"
 
 
 def _bus_id(props: object) -> str:
@@ -178,33 +184,49 @@ def assign(views: Sequence[View]) -> dict[int, int]:
     return chosen
 
 
-def shared(views: Sequence[View], chosen: Mapping[int, int]) -> list[tuple[Gpu, list[View]]]:
-    """Every GPU that more than one rank would use (by UUID), with those ranks."""
+def device_key(host: str, gpu: Gpu, physical: bool) -> str:
+    """What makes two ranks' GPUs one device: its UUID, or with ``physical`` the host and PCI
+    bus id, as NCCL compares them (MIG instances of one GPU have UUIDs of their own and one
+    bus id; NCCL refuses two ranks on them as on one GPU)."""
+    if physical and gpu.bus_id:
+        return f"{host}/{gpu.bus_id.lower()}"
+    return gpu.uuid
+
+
+def shared(
+    views: Sequence[View], chosen: Mapping[int, int], physical: bool = False
+) -> list[tuple[Gpu, list[View]]]:
+    """Every GPU that more than one rank would use (by `device_key`), with those ranks."""
     users: dict[str, list[View]] = collections.defaultdict(list)
     devices: dict[str, Gpu] = {}
     for view in sorted(views, key=lambda v: v.rank):
         index = chosen.get(view.rank)
         gpu = next((g for g in view.gpus if g.index == index), None)
         if gpu is not None and gpu.uuid:
-            users[gpu.uuid].append(view)
-            devices[gpu.uuid] = gpu
-    return [(devices[uuid], who) for uuid, who in users.items() if len(who) > 1]
+            key = device_key(view.host, gpu, physical)
+            users[key].append(view)
+            devices.setdefault(key, gpu)
+    return [(devices[key], who) for key, who in users.items() if len(who) > 1]
 
 
 def sharing_message(gpu: Gpu, who: Sequence[View]) -> str:
     """One line: which ranks on which host would share which GPU, and the fix."""
     ranks = ", ".join(str(v.rank) for v in who)
     name = f" ({gpu.name})" if gpu.name else ""
+    what = f"GPU {gpu.uuid}{name}"
+    if gpu.uuid.startswith("MIG-") and gpu.bus_id:
+        what = f"the GPU at bus {gpu.bus_id}{name} (its MIG instances are one GPU to NCCL)"
     return (
-        f"ranks {ranks} on {who[0].host} would all use GPU {gpu.uuid}{name}: NCCL refuses two "
-        'ranks on one GPU ("Duplicate GPU detected"). HINT: give each rank its own GPU '
-        "(--gpus-per-task=1, or --gpus-per-node equal to --ntasks-per-node; map_gpu with "
-        "distinct GPUs), or start fewer tasks per node."
+        f"ranks {ranks} on {who[0].host} would all use {what}: NCCL refuses two ranks on one "
+        'GPU ("Duplicate GPU detected"). HINT: give each rank its own GPU (--gpus-per-task=1, '
+        "or --gpus-per-node equal to --ntasks-per-node; map_gpu with distinct GPUs), or start "
+        "fewer tasks per node."
     )
 
 
 def describe(gpu: Gpu | None) -> str:
-    """``cuda:1 GPU-5f2b0c3e`` for logs and `hpcddp check` (``-`` on CPU)."""
+    """``cuda:1 GPU-5f2b0c3e 0000:3b:00.0`` for logs and `hpcddp check` (``-`` on CPU): the
+    UUID tells MIG instances apart, the bus id the physical GPU they are cut from."""
     if gpu is None:
         return "-"
-    return f"cuda:{gpu.index} {gpu.uuid[:12]}" if gpu.uuid else f"cuda:{gpu.index}"
+    return " ".join(part for part in (f"cuda:{gpu.index}", gpu.uuid[:12], gpu.bus_id) if part)

@@ -42,7 +42,7 @@ from hpcddp.config import Config, load_config
 from hpcddp.errors import HpcddpError
 from hpcddp.launch import hostlist
 from hpcddp.notify.notices import Notifier
-from hpcddp.records import attempts
+from hpcddp.records import attempts, nccl_blame
 from hpcddp.resilience import rules
 from hpcddp.resilience.rules import (
     FAILED,
@@ -160,11 +160,15 @@ def _after_step(args: argparse.Namespace, environ: Mapping[str, str]) -> Decisio
     except (HpcddpError, OSError) as err:
         return rules.not_retried(failure, str(err))
     restart = int(environ.get("SLURM_RESTART_COUNT") or 0)
-    # Who is to blame for a hang: the watchdog's verdict names the node (a flight-recorder
-    # reading that names it belongs here too), before the rules are asked.
+    # Who is to blame for a hang, before the rules are asked: the watchdog's verdict names the
+    # node; else, under NCCL, the flight-recorder dumps name the rank behind.
     verdict = attempts.take_hang_verdict(config.run.dir, now.job, restart)
     if verdict is not None:
         failure = Failure.from_hang(failure.status, verdict)
+    elif nccl := nccl_blame.take_verdict(
+        config.run.dir, attempts.hang_dir(config.run.dir, now.job, restart)
+    ):
+        failure = Failure.from_hang(failure.status, nccl)  # NCCL aborted the waiters, not it
     decision = after_failure(failure, now)
     os.makedirs(config.run.dir, exist_ok=True)  # the ranks may have died before making it
     attempts.record(

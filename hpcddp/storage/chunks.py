@@ -73,16 +73,27 @@ def carve(chunk: mmap.mmap, offset: int, like: torch.Tensor) -> torch.Tensor:
     return raw.view(like.dtype).view(like.shape)
 
 
-def pin_in_place(chunk: mmap.mmap) -> bool:
+# cudaHostRegisterPortable: pinned for every CUDA context, not only the calling thread's current
+# one (a helper thread that never chose a device would otherwise pin it for device 0 alone).
+HOST_REGISTER_PORTABLE = 1
+
+
+def pin_in_place(chunk: mmap.mmap, device: torch.device | None = None) -> bool:
     """Page-lock ``chunk``'s memory, exactly its bytes, until the chunk is gone.
 
-    Refused (a low ``ulimit -l``, say): the chunk stays pageable, the copies merely slower.
+    Usually called on a helper thread (`hpcddp.storage.snapshot.Snapshot.prepare`), whose
+    current device is CUDA's default, 0, until set: ``device`` (the state's GPU) is made its
+    current one first, so no rank opens a context on GPU 0 from there, and the memory is
+    registered as portable. Refused (a low ``ulimit -l``, say): the chunk stays pageable, the
+    copies merely slower.
     """
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)  # this thread's own current device
     cudart = torch.cuda.cudart()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         pointer = torch.frombuffer(chunk, dtype=torch.uint8).data_ptr()
-    error = int(cudart.cudaHostRegister(pointer, len(chunk), 0))
+    error = int(cudart.cudaHostRegister(pointer, len(chunk), HOST_REGISTER_PORTABLE))
     if error:
         log.warning(
             "could not pin %d bytes for checkpoint copies (CUDA error %d)", len(chunk), error
@@ -92,7 +103,8 @@ def pin_in_place(chunk: mmap.mmap) -> bool:
     return True
 
 
-def allocate(nbytes: int, pin: bool) -> tuple[mmap.mmap, bool]:
-    """One chunk of host memory (page-aligned), and whether it was pinned (asked: GPU state)."""
+def allocate(nbytes: int, pin: bool, device: torch.device | None = None) -> tuple[mmap.mmap, bool]:
+    """One chunk of host memory (page-aligned), and whether it was pinned (asked: GPU state,
+    on ``device``)."""
     chunk = mmap.mmap(-1, max(nbytes, 1))
-    return chunk, bool(pin and nbytes and pin_in_place(chunk))
+    return chunk, bool(pin and nbytes and pin_in_place(chunk, device))

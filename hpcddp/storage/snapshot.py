@@ -57,7 +57,8 @@ class Snapshot:
             return []
         pin = any(t.is_cuda for _, t in missing)
         layout = chunks.plan([t.numel() * t.element_size() for _, t in missing])
-        made = [chunks.allocate(size, pin) for size in layout.chunks]
+        device = next((t.device for _, t in missing if t.is_cuda), None)  # the state's GPU
+        made = [chunks.allocate(size, pin, device) for size in layout.chunks]
         self._chunks += [chunk for chunk, _ in made]
         self.pinned_bytes += sum(len(chunk) for chunk, pinned in made if pinned)
         for (path, tensor), (chunk, offset) in zip(missing, layout.places, strict=True):

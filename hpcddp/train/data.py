@@ -5,6 +5,7 @@ part-way through an epoch, and creating its iterator must not draw from the glob
 DataLoader without ``generator=`` does, and the weights then drift after a resume).
 """
 
+import logging
 import os
 from collections.abc import Iterator, Mapping, Set, Sized
 from typing import Any
@@ -17,6 +18,9 @@ from hpcddp.errors import ConfigError
 from hpcddp.launch import cpus
 from hpcddp.launch.cpus import default_workers
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.train.batches import tensors_in
+
+log = logging.getLogger(__name__)
 
 
 def split_datasets(made: Any) -> tuple[Any, Any]:
@@ -92,11 +96,44 @@ def default_num_workers(
     return default_workers(env, environ, cpus.allowed_cpus() if allowed is None else allowed)
 
 
+def samples_device(dataset: Dataset[Any]) -> str:
+    """The device the dataset's samples already live on ("" for host memory), from its first.
+
+    A small dataset is often put on the GPU whole. Its tensors cannot be pinned (the loader's
+    pin thread fails on them), and loader workers forked after CUDA started cannot use CUDA.
+    A first sample that cannot be read says nothing here: the loader will raise its error.
+    """
+    if not isinstance(dataset, Sized) or len(dataset) == 0:
+        return ""
+    try:
+        sample = dataset[0]
+    except Exception:  # the user's own __getitem__: its error belongs to the loader's first batch
+        return ""
+    device = next((t.device for t in tensors_in(sample) if t.device.type != "cpu"), None)
+    return str(device) if device is not None else ""
+
+
+def loading(dataset: Dataset[Any], workers: int, env: DistEnv) -> tuple[int, bool, str]:
+    """Loader workers and pinning for ``dataset`` on this rank, and the device its samples are
+    already on ("": none; then neither workers nor pinning)."""
+    on = samples_device(dataset)
+    if on:
+        return 0, False, on
+    return workers, env.device.startswith("cuda"), ""
+
+
 def make_train_loader(
     dataset: Dataset[Any], cfg: DataConfig, env: DistEnv, seed: int
 ) -> DataLoader[Any]:
     """The training loader: resumable sampler, own generator, workers kept between epochs."""
-    workers = cfg.num_workers if cfg.num_workers >= 0 else default_num_workers(env)
+    wanted = cfg.num_workers if cfg.num_workers >= 0 else default_num_workers(env)
+    workers, pin, on = loading(dataset, wanted, env)
+    if on:
+        log.info(
+            "the dataset's samples are already on %s: no pinned memory and no loader workers "
+            "(device tensors cannot be pinned, and workers cannot use CUDA)",
+            on,
+        )
     sampler = ResumableSampler(
         dataset, env, shuffle=cfg.shuffle, seed=seed, drop_last=cfg.drop_last
     )
@@ -105,7 +142,7 @@ def make_train_loader(
         batch_size=cfg.batch_size,
         sampler=sampler,
         num_workers=workers,
-        pin_memory=env.device.startswith("cuda"),
+        pin_memory=pin,
         persistent_workers=workers > 0,
         drop_last=cfg.drop_last,
         generator=torch.Generator().manual_seed(seed),
@@ -119,7 +156,7 @@ def make_eval_loader(dataset: Dataset[Any], cfg: DataConfig, env: DistEnv) -> Da
         dataset,
         batch_size=cfg.batch_size,
         sampler=EvalShard(dataset, env),
-        pin_memory=env.device.startswith("cuda"),
+        pin_memory=loading(dataset, 0, env)[1],
         generator=torch.Generator(),
     )
 

@@ -6,6 +6,7 @@ tested without a GPU.
 """
 
 import contextlib
+import warnings
 from typing import Any
 
 import torch
@@ -54,6 +55,9 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=dtype)
 
 
+TF32_DEPRECATION = "Please use the new API settings to control TF32 behavior"
+
+
 def set_fp32_matmuls(tf32: bool, device: torch.device) -> None:
     """TF32 for fp32 matmuls and convolutions on this rank's GPU, or full fp32 (train.tf32).
 
@@ -63,8 +67,13 @@ def set_fp32_matmuls(tf32: bool, device: torch.device) -> None:
     """
     if device.type != "cuda":
         return
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    torch.backends.cudnn.allow_tf32 = tf32
+    # torch 2.9 to 2.11 warn at each of these calls, on every GPU rank, that they will be
+    # replaced by per-backend ``fp32_precision`` settings. Those new settings are not used
+    # here: torch raises when code that reads the old ones (libraries do) meets a mix.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=TF32_DEPRECATION, category=UserWarning)
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        torch.backends.cudnn.allow_tf32 = tf32
 
 
 def make_scaler(precision: str, device: torch.device) -> "torch.amp.GradScaler | None":

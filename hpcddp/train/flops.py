@@ -13,16 +13,19 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-# Dense (no sparsity) bf16/fp16 tensor-core TFLOP/s from the vendors' data sheets; the first
-# name that is part of torch.cuda.get_device_name() wins, so the longer names come first.
+# Dense (no sparsity) bf16/fp16 tensor-core TFLOP/s from the vendors' data sheets, and the
+# streaming multiprocessors of the whole GPU; the first name that is part of
+# torch.cuda.get_device_name() wins, so the longer names come first ("H100 NVL" and "H100 PCIe"
+# before "H100", whose 989 is the SXM part's).
 KNOWN_PEAK_TFLOPS = (
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),
-    ("H200", 989.0),
-    ("GH200", 989.0),
-    ("A100", 312.0),
-    ("L40S", 362.0),
-    ("V100", 125.0),
+    ("H100 NVL", 835.0, 132),
+    ("H100 PCIe", 756.0, 114),
+    ("H100", 989.0, 132),
+    ("GH200", 989.0, 132),
+    ("H200", 989.0, 132),
+    ("A100", 312.0, 108),
+    ("L40S", 362.0, 142),
+    ("V100", 125.0, 80),
 )
 
 
@@ -44,7 +47,14 @@ def peak_flops(device: torch.device, precision: str, configured_tflops: float) -
     if device.type != "cuda" or precision not in ("bf16", "fp16"):
         return None
     name = torch.cuda.get_device_name(device)
-    return next((tf * 1e12 for known, tf in KNOWN_PEAK_TFLOPS if known in name), None)
+    known = next((row for row in KNOWN_PEAK_TFLOPS if row[0] in name), None)
+    if known is None:
+        return None
+    _, tflops, whole_sms = known
+    if " MIG " in f"{name} ":  # a MIG slice ("... MIG 3g.40gb") has its share of the SMs
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return tflops * 1e12 * min(sms / whole_sms, 1.0)
+    return tflops * 1e12
 
 
 def utilisation(

@@ -157,6 +157,17 @@ def test_per_task_and_per_socket_gpus_are_told_apart_by_uuid_not_by_number():
     assert checkup.gpu_problems(on_gpus(closest, {0: 0, 1: 1, 2: 0, 3: 1}), "nccl", 2) == []
 
 
+def test_mig_siblings_on_one_bus_are_one_gpu_to_nccl():
+    mig = {r: [f"MIG-{r % 2}"] for r in range(4)}  # each rank its own MIG instance by UUID
+    facts = on_gpus(mig, dict.fromkeys(range(4), 0))
+    for f in facts:  # both instances on a node are cut from the GPU at bus 3b
+        f["gpu_bus_ids"] = ["0000:3b:00.0"]
+    found = lines(checkup.gpu_problems(facts, "nccl", 1))
+    assert found[0].startswith("error: ranks 0, 1 on n1 would all use the GPU at bus 0000:3b")
+    assert found[1].startswith("error: ranks 2, 3 on n2 would all use the GPU at bus 0000:3b")
+    assert checkup.gpu_problems(facts, "gloo", 1) == []
+
+
 def test_gpus_no_rank_uses_are_a_warning():
     node = {r: [f"GPU-{r // 2}{i}" for i in range(4)] for r in range(4)}  # 4 on each node
     found = lines(checkup.gpu_problems(on_gpus(node, {0: 0, 1: 1, 2: 0, 3: 1}), "nccl", 4))

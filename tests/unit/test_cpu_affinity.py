@@ -4,6 +4,7 @@ The node of `tests.fixtures.gpu_nodes`: 64 CPUs on 2 NUMA nodes (0-15,32-47 and 
 hyperthreads numbered after the cores, as Linux does), GPUs 0-1 on node 0 and 2-3 on node 1.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -100,6 +101,20 @@ def test_loader_workers_come_from_the_cpus_the_rank_was_given(extra, allowed, wo
     environ = slurm_task(0, 0, 0, 1, 4, **extra)
     env = resolve_env(environ, cuda_devices=lambda: 0, hostname="g1", ancestors=lambda: [1])
     assert default_num_workers(env, environ, allowed=set(allowed)) == workers
+
+
+@pytest.mark.parametrize("local_rank, node", [(0, 0), (3, 1)])
+def test_after_pinning_the_loader_workers_share_the_numa_node_with_its_ranks_only(
+    sysfs, local_rank, node
+):
+    """torchrun: 4 ranks in one task on the node of 4 GPUs, each already pinned to its GPU's
+    NUMA node (32 CPUs): 2 ranks share those, not 4."""
+    env = DistEnv(local_rank, local_rank, 4, 4, 0, 1, "g1", 29500, "torchrun", "", hostname="g1")
+    env = dataclasses.replace(env, device=f"cuda:{local_rank}", gpus=tuple(node_gpus("g1")))
+    pinned = cpus.parse_cpulist(NODE_CPUS[node])
+    assert cpus.default_workers(env, {}, pinned, sysfs) == 32 // 2 - 1
+    unpinned = set(range(64))  # dist.pin_cpus=false: every local rank on every CPU
+    assert cpus.default_workers(env, {}, unpinned, sysfs) == 64 // 4 - 1
 
 
 # -- --cpus-per-task for a GPU job ---------------------------------------------------------------

@@ -26,6 +26,8 @@ def test_counting_can_be_turned_off():
     [
         ("NVIDIA H100 80GB HBM3", "bf16", 0.0, 989e12),
         ("NVIDIA H100 PCIe", "fp16", 0.0, 756e12),
+        ("NVIDIA H100 NVL", "bf16", 0.0, 835e12),  # not the SXM part's 989
+        ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16", 0.0, 989e12 * 66 / 132),  # its SMs' share
         ("NVIDIA A100-SXM4-80GB", "bf16", 0.0, 312e12),
         ("NVIDIA A100-SXM4-80GB", "fp32", 0.0, None),  # no tensor-core peak to compare with
         ("Some Future GPU", "bf16", 0.0, None),
@@ -36,6 +38,12 @@ def test_the_peak_is_a_known_gpus_or_the_configured_one(
     monkeypatch, name, precision, configured, peak
 ):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    sms = 66 if "MIG" in name else 132  # a 3g slice of an H100 has about half its SMs
+
+    class Props:
+        multi_processor_count = sms
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props)
     assert flops.peak_flops(torch.device("cuda", 0), precision, configured) == peak
 
 

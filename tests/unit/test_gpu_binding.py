@@ -140,14 +140,33 @@ def test_gloo_ranks_may_share_a_gpu():
     assert refusal is None and set(used.values()) == {physical("g1", 0)}
 
 
-def test_mig_instances_are_gpus_of_their_own_and_one_instance_is_not_shared():
-    def by_uuid(local):
+def test_mig_siblings_on_one_bus_are_refused_for_nccl_and_allowed_for_gloo():
+    def by_uuid(local):  # Slurm hands each task one MIG instance by UUID
         return mig_gpus("g1")[local % 2].uuid
 
-    used, refusal = meet(block(1, 2), by_uuid, 1, 2, gpus_of=mig_gpus)
+    _, refusal = meet(block(1, 2), by_uuid, 1, 2, gpus_of=mig_gpus)
+    assert refusal is not None, "NCCL compares bus ids: two MIG instances are one GPU to it"
+    assert "ranks 0, 1 on g1 would all use the GPU at bus 0000:3b:00.0" in refusal
+    assert "MIG instances are one GPU to NCCL" in refusal
+    used, refusal = meet(block(1, 2), by_uuid, 1, 2, gpus_of=mig_gpus, HPCDDP_BACKEND="gloo")
     assert refusal is None and used == {0: mig_gpus("g1")[0].uuid, 1: mig_gpus("g1")[1].uuid}
-    _, refusal = meet(block(1, 2), lambda local: by_uuid(0), 1, 2, gpus_of=mig_gpus)
-    assert refusal is not None and f"would all use GPU {mig_gpus('g1')[0].uuid}" in refusal
+
+
+def test_gpus_on_other_hosts_with_the_same_bus_id_are_not_one_gpu():
+    used, refusal = meet(cyclic(2, 1), lambda local: "0", 2, 1, gpus_of=mig_gpus)
+    assert refusal is None and len(set(used.values())) == 2
+
+
+def test_a_mig_instance_is_named_as_nvidia_smi_names_it():
+    class Props:  # torch.cuda.get_device_properties of a MIG instance: bare UUID, MIG in name
+        uuid, name = "c7384736-a75d-5afc-978f-d2f1294409fd", "NVIDIA A100-SXM4-40GB MIG 3g.20gb"
+        pci_domain_id, pci_bus_id, pci_device_id = 0, 0x3B, 0
+
+    assert gpus._uuid(Props()) == "MIG-c7384736-a75d-5afc-978f-d2f1294409fd"
+    Props.name = "NVIDIA H100 80GB HBM3"
+    assert gpus._uuid(Props()).startswith("GPU-c7384736")
+    gpu = gpus.Gpu(1, "MIG-c7384736-a75d", "", gpus._bus_id(Props()))
+    assert gpus.describe(gpu) == "cuda:1 MIG-c7384736 0000:3b:00.0"  # `hpcddp check`'s gpu cell
 
 
 def torchrun_rank(local, world, cvd):

@@ -1,6 +1,8 @@
 """Smaller GPU truths without a GPU (issue 15 item 8): TF32 by config, and CUDA peak memory
 per logging interval. torch's CUDA calls are replaced by fakes that keep torch's meaning."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -27,6 +29,31 @@ def test_fp32_matmuls_use_tf32_on_a_gpu_unless_the_config_says_not(
     assert torch.get_float32_matmul_precision() == precision
     assert torch.backends.cuda.matmul.allow_tf32 is (precision == "high")
     assert torch.backends.cudnn.allow_tf32 is config.train.tf32
+
+
+def test_torch_s_tf32_deprecation_warning_is_not_printed_on_every_gpu_rank(
+    matmul_precision, recwarn
+):
+    """torch 2.9 to 2.11 warn at both legacy settings (a UserWarning from C++), on every rank."""
+    told = ddp.TF32_DEPRECATION + " ... will be deprecated after Pytorch 2.9."
+    real_precision = torch.set_float32_matmul_precision
+    cudnn_tf32 = vars(type(torch.backends.cudnn))["allow_tf32"]  # torch's ContextProp
+    real_setter = cudnn_tf32.setter
+
+    def warning(real):
+        def setter(value):
+            warnings.warn(told, UserWarning, stacklevel=2)
+            real(value)
+
+        return setter
+
+    warnings.simplefilter("always")
+    with pytest.MonkeyPatch.context() as patch:  # undone before the settings are put back
+        patch.setattr(torch, "set_float32_matmul_precision", warning(real_precision))
+        patch.setattr(cudnn_tf32, "setter", warning(real_setter))
+        ddp.set_fp32_matmuls(True, torch.device("cuda:0"))
+    assert [str(w.message) for w in recwarn] == []
+    assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
 
 
 def test_a_cpu_rank_keeps_full_fp32(matmul_precision):

@@ -91,3 +91,41 @@ def test_a_snapshot_of_gpu_state_pins_about_its_own_size(monkeypatch):
     state["opt"]["m"].add_(1)
     again = snapshot.take(state)  # refilled: nothing more pinned
     assert torch.equal(again["opt"]["m"], state["opt"]["m"]) and memory.pinned <= 1.1 * state_bytes
+
+
+class OnCuda1(torch.Tensor):
+    """A host tensor that reports itself on cuda:1, as a rank's state on its GPU does."""
+
+    is_cuda = True
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", 1)
+
+
+def test_a_helper_thread_pins_for_the_state_s_gpu_and_every_context(monkeypatch):
+    """`Snapshot.prepare` runs on a helper thread whose current device is CUDA's default (0):
+    it must make the state's GPU its own before registering, and register portable memory."""
+    import threading
+
+    memory = FakeHostMemory(monkeypatch)
+    flags, current = [], {}  # the registrations' flags; each thread's current device
+
+    class Runtime:
+        def cudaHostRegister(self, pointer, nbytes, flag):
+            flags.append((flag, current.get(threading.get_ident())))
+            return 0
+
+        def cudaHostUnregister(self, pointer):
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", Runtime)
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda d: current.__setitem__(threading.get_ident(), d)
+    )
+    state = {"w": torch.Tensor._make_subclass(OnCuda1, torch.zeros(1000))}
+    helper = threading.Thread(target=Snapshot().prepare, args=(state,))
+    helper.start()
+    helper.join()
+    assert flags == [(chunks.HOST_REGISTER_PORTABLE, torch.device("cuda", 1))], memory.registered
+    assert threading.get_ident() not in current  # the training thread's device is left alone
