@@ -1,101 +1,67 @@
-"""What a run tells as it goes: the logged loss, evaluations and rank 0's progress bar.
+"""What a person watching the run reads: the log's loss and eval lines, rank 0's progress bar.
 
-Figures go to metrics.jsonl through `hpcddp.train.step_reports` (every rank's telemetry is
-gathered in the background); the terminal line is drawn from the last logging step, so
-drawing it never waits for the device.
+A loop hook (`hpcddp.train.hooks`). The files a run leaves (metrics.jsonl, the trackers) are
+`hpcddp.train.step_reports`; the bar is drawn from the figures last written there, so drawing
+it never waits for the device or the other ranks.
 """
 
-import contextlib
 import logging
 import math
-import time
-from collections.abc import Iterator
 
-import torch
-import torch.distributed as dist
-
-from hpcddp.comm import hang
-from hpcddp.config import Config
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.progress import ProgressBar, bar
-from hpcddp.train import ddp, evaluation
-from hpcddp.train.assembly import Parts
+from hpcddp.train.hooks import Hook, Stepped
 from hpcddp.train.state import Progress
-from hpcddp.train.timeline import Timeline
+from hpcddp.train.step_reports import MetricsWriter
 
 log = logging.getLogger(__name__)
 
 
-class ProgressReport:
-    """One rank's reporting: loss lines, evaluations, the progress bar (rank 0 draws it)."""
+class ProgressLog(Hook):
+    """Rank 0's log lines for logged steps and evaluations, and the terminal's progress bar."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        env: DistEnv,
-        device: torch.device,
-        parts: Parts,
-        timeline: Timeline,
-        beat: hang.Beat | None = None,
-    ) -> None:
-        self.cfg, self.env, self.device, self.parts, self.timeline = (
-            cfg,
-            env,
-            device,
-            parts,
-            timeline,
-        )
-        self.beat = beat or hang.Beat()  # tells the hang watchdog a slow phase is under way
+    def __init__(self, env: DistEnv, written: MetricsWriter, total_steps: int) -> None:
+        self.written = written  # its latest figures: samples/s and the ETA on the bar
+        self.total_steps = total_steps
         self.bar = ProgressBar(enabled=env.is_main)
-        self.last_eval: dict[str, float] | None = None
+        self.speaks = env.is_main
+        self.shown: Progress | None = None  # what the bar shows, to redraw after a pause
 
-    def log_step(self, loss: torch.Tensor, progress: Progress, scale: float | None) -> None:
-        """All-reduce the step's loss (a sync point, so only on logging steps); report it.
-
-        The metrics line is written once every rank's telemetry has arrived; under fp16 it
-        carries the scaler's ``loss_scale``.
-        """
-        if self.env.distributed:
-            nccl = self.env.backend == "nccl"
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
-            loss = loss if nccl else loss / self.env.world_size
-        progress.last_loss = loss.item()
-        lr = self.parts.scheduler.get_last_lr()[0]
-        line = {"step": progress.step, "epoch": progress.epoch,
-                "loss": progress.last_loss, "lr": lr}  # fmt: skip
-        if scale is not None:
-            line["loss_scale"] = scale
-        self.parts.reports.send(line, self.parts.clock.close_interval())
-        if self.env.is_main:
+    def on_step(self, stepped: Stepped) -> None:
+        progress = stepped.progress
+        if stepped.logged and self.speaks:
             self.bar.clear()
-            log.info("step %d/%d epoch %d loss %.4f lr %.3g", progress.step,
-                     self.parts.total_steps, progress.epoch, progress.last_loss, lr)  # fmt: skip
-
-    def evaluate(self, progress: Progress, record: bool = True) -> dict[str, float] | None:
-        """The task's metrics over the eval set (every rank its shard), logged on rank 0."""
-        parts = self.parts
-        if parts.eval_loader is None:
-            return None
-        parts.reports.write()  # the step's line before its evaluation's
-        with self.outside_steps("evaluation"):
-            ddp.sync_buffers(parts.model)
-            result = evaluation.evaluate(
-                parts.model, parts.eval_loader, parts.task, self.device, self.cfg.train.precision
+            log.info(
+                "step %d/%d epoch %d loss %.4f lr %.3g",
+                progress.step,
+                self.total_steps,
+                progress.epoch,
+                progress.last_loss,
+                stepped.lr,
             )
-        self.last_eval = result
-        if self.env.is_main and record:
+        self.shown = progress if stepped.stopping is None else None
+        if self.shown is not None:
+            self.draw_bar(self.shown)
+
+    def on_pause(self, phase: str) -> None:
+        self.bar.clear()  # a log line may come: an evaluation's, a save's
+
+    def on_resume(self, phase: str, seconds: float) -> None:
+        if self.shown is not None:
+            self.draw_bar(self.shown)
+
+    def on_evaluation(self, progress: Progress, metrics: dict[str, float], record: bool) -> None:
+        if self.speaks and record:
             self.bar.clear()
-            parts.reports.record(step=progress.step, epoch=progress.epoch, **result)
-            figures = " ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in result.items())
+            figures = " ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in metrics.items())
             log.info("eval at step %d: %s", progress.step, figures)
-        return result
 
     def draw_bar(self, progress: Progress) -> None:
         """Rank 0's terminal line: figures from the last logging step (no sync here)."""
         if not self.bar.drawing:
             return
-        loss, step, total = progress.last_loss, progress.step, self.parts.total_steps
-        figures = self.parts.reports.latest
+        loss, step, total = progress.last_loss, progress.step, self.total_steps
+        figures = self.written.latest
         line = (
             f"{bar(step, total)} step {step}/{total} "
             f"epoch {progress.epoch} loss {'-' if math.isnan(loss) else f'{loss:.4f}'}"
@@ -105,23 +71,9 @@ class ProgressReport:
             line += f" {figures['samples_per_s']:.4g} samples/s ETA {_clock(eta)}"
         self.bar.update(line)
 
-    @contextlib.contextmanager
-    def outside_steps(self, phase: str) -> Iterator[None]:
-        """Time an evaluation or a save for the timeline, and keep it out of step times."""
-        started = time.perf_counter()
-        self.beat.phase = phase  # its own, longer hang budget
-        try:
-            yield
-        finally:
-            self.beat.phase = hang.STEPS
-            spent = time.perf_counter() - started
-            self.timeline.add(phase, spent)
-            self.parts.clock.exclude(spent)
-
     def close(self) -> None:
-        """The bar's line ended and the metrics file closed, however the run ends."""
+        """The bar's line ended, however the run ends."""
         self.bar.close()
-        self.parts.reports.close()
 
 
 def _clock(seconds: float) -> str:

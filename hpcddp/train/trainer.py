@@ -28,9 +28,10 @@ from hpcddp.outcome import RunOutcome
 from hpcddp.storage import rundir
 from hpcddp.storage.runlock import RunLock
 from hpcddp.train import preemption
+from hpcddp.train.assembly import RunSetting
 from hpcddp.train.factories import import_factory
 from hpcddp.train.logs import FILE_ONLY, setup_logging, teardown_logging
-from hpcddp.train.loop import TrainingRun
+from hpcddp.train.loop import assembled
 from hpcddp.train.run_notices import RunNotices
 from hpcddp.train.timeline import Timeline, since_process_start
 
@@ -138,22 +139,12 @@ class Trainer:
     ) -> RunOutcome:
         """Build and execute the run here, so nothing holds it once this returns."""
         notices = RunNotices(self.config, env)  # a run that fails while being built is told too
+        setting = RunSetting(self.config, env, device, run_dir, attempt, timeline)
         try:
             with timeline.phase("setup"):  # the model, data, optimizer and DDP: user code runs
-                run = TrainingRun(
-                    self.model_fn,
-                    self.dataset_fn,
-                    self.config,
-                    env,
-                    device,
-                    run_dir,
-                    stop_flag,
-                    notices,
-                    attempt,
-                    timeline,
-                )
+                run = assembled(self.model_fn, self.dataset_fn, setting, stop_flag, notices)
         except Exception as err:
-            notices.failed(err, 0)
+            notices.on_failure(err, 0)
             notices.close()
             raise
         return run.execute()
