@@ -9,7 +9,7 @@ its side concerns as hooks (`hpcddp.train.hooks`), in the order each moment meet
 import dataclasses
 import math
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -107,20 +107,21 @@ def assemble(
     )
 
 
-def attach(parts: Parts, setting: RunSetting, notices: Hook) -> Hooks:
+def attach(parts: Parts, setting: RunSetting, side: Sequence[Hook]) -> Hooks:
     """The run's side concerns, in the order each moment meets them: the start-up timeline,
-    metrics.jsonl (opened before the step clock restarts), notices, the step clock, the hang
-    watchdog (started last, stopped first after the drain), the log and the bar."""
+    metrics.jsonl (opened before the step clock restarts, drained before the watchdog stops),
+    the step clock, the hang watchdog, the log and the bar; then ``side`` (the notices first,
+    told of a start once the files are open; hooks of the user's)."""
     attempt = setting.attempt
     stacks = attempts.hang_dir(setting.run_dir, attempt.job, attempt.restart)
     return Hooks(
         [
             setting.timeline,
             parts.written,
-            notices,
             parts.clock,
             HangWatch(setting.cfg.dist, setting.env, stacks, attempt.restart),
             ProgressLog(setting.env, parts.written, parts.total_steps),
+            *side,
         ]
     )
 

@@ -15,7 +15,7 @@ import faulthandler
 import logging
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -178,9 +178,10 @@ def assembled(
     dataset_fn: Callable[..., Any],
     setting: RunSetting,
     stop_flag: preemption.StopFlag,
-    notices: Hook,
+    side: Sequence[Hook],
 ) -> TrainingRun:
-    """A rank's run, its parts built and its side concerns (``notices`` among them) attached.
+    """A rank's run, its parts built and its side concerns attached: hpcddp's own, then
+    ``side`` (the notices, and any hooks the user gave the trainer).
 
     ``stop_flag`` is the caller's, for the whole run: a signal during set-up is a clean stop.
     """
@@ -188,7 +189,7 @@ def assembled(
     stopping = Stopping(
         setting.cfg, setting.env, stop_flag, parts.vote, setting.attempt, setting.run_dir
     )
-    return TrainingRun(parts, stopping, attach(parts, setting, notices), setting)
+    return TrainingRun(parts, stopping, attach(parts, setting, side), setting)
 
 
 def _started(parts: Parts, stopping: Stopping, setting: RunSetting) -> Progress:
