@@ -8,7 +8,7 @@ import torch
 
 from hpcddp.config import Config
 from hpcddp.launch.resolve import resolve_env
-from hpcddp.train.step_reports import MetricsWriter
+from hpcddp.train.metrics_writer import MetricsWriter
 
 
 def test_the_resumed_line_records_the_restart_count_of_the_resolved_environment(

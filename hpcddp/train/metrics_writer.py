@@ -5,7 +5,7 @@ A logged step's line waits for the figures of every rank (`hpcddp.train.telemetr
 arrive in the background; `MetricsWriter.write` is asked after each step and writes the line
 once they are here, waiting for them only at the next logging step, an evaluation or the end.
 It attaches to the loop as a hook (`hpcddp.train.hooks`). What a person watching reads (the
-log's lines and the progress bar) is `hpcddp.train.progress_report`.
+log's lines and the progress bar) is `hpcddp.train.progress_log`.
 """
 
 import logging
@@ -44,7 +44,7 @@ class MetricsWriter(Hook):
     ) -> None:
         self.cfg, self.env, self.hosts, self.run_dir = cfg, env, hosts, run_dir
         self.clock = clock or telemetry.IntervalClock(device)  # the stepper's, in a run
-        # creating its side group is a collective: every rank builds Reports at the same point
+        # creating its side group is a collective: every rank builds its writer at the same point
         self.figures = telemetry.RankFigures(env.rank, env.world_size, hosts, cfg.dist.timeout_s)
         self.peak_flops = flops.peak_flops(device, cfg.train.precision, cfg.train.peak_tflops)
         self.flops_per_sample = 0.0  # counted on the bucket-settling pass

@@ -1,7 +1,7 @@
 """What a person watching the run reads: the log's loss and eval lines, rank 0's progress bar.
 
 A loop hook (`hpcddp.train.hooks`). The files a run leaves (metrics.jsonl, the trackers) are
-`hpcddp.train.step_reports`; the bar is drawn from the figures last written there, so drawing
+`hpcddp.train.metrics_writer`; the bar is drawn from the figures last written there, so drawing
 it never waits for the device or the other ranks.
 """
 
@@ -12,7 +12,7 @@ from hpcddp.launch.distenv import DistEnv
 from hpcddp.progress import ProgressBar, bar
 from hpcddp.train.hooks import Hook, Stepped
 from hpcddp.train.state import Progress
-from hpcddp.train.step_reports import MetricsWriter
+from hpcddp.train.metrics_writer import MetricsWriter
 
 log = logging.getLogger(__name__)
 
