@@ -24,9 +24,9 @@ from hpcddp.train import building, data, ddp, guard, preemption, telemetry
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.hang_watch import HangWatch
 from hpcddp.train.hooks import Hook, Hooks
+from hpcddp.train.metrics_writer import MetricsWriter
 from hpcddp.train.optim import make_optimizer, make_scheduler
 from hpcddp.train.progress_log import ProgressLog
-from hpcddp.train.metrics_writer import MetricsWriter
 from hpcddp.train.stepping import Stepper
 from hpcddp.train.task import Task
 from hpcddp.train.timeline import Timeline

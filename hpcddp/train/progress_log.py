@@ -11,8 +11,8 @@ import math
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.progress import ProgressBar, bar
 from hpcddp.train.hooks import Hook, Stepped
-from hpcddp.train.state import Progress
 from hpcddp.train.metrics_writer import MetricsWriter
+from hpcddp.train.state import Progress
 
 log = logging.getLogger(__name__)
 
