@@ -33,8 +33,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cluster = more.cluster or args.cluster
     retry = more.retry_failed or args.retry_failed
     if retry:
-        given = [f"--{n.replace('_', '-')}" for n in [*OPTIONS, "grid", "max_parallel"]
-                 if getattr(more, n) is not None or getattr(args, n) is not None]  # fmt: skip
+        given = [
+            f"--{n.replace('_', '-')}"
+            for n in [*OPTIONS, "grid", "max_parallel"]
+            if getattr(more, n) is not None or getattr(args, n) is not None
+        ]
         if more.items or given:
             extra = " ".join([*given, *more.items])
             raise ConfigError(
