@@ -107,7 +107,9 @@ def assemble(
     )
 
 
-def attach(parts: Parts, setting: RunSetting, side: Sequence[Hook]) -> Hooks:
+def attach(
+    setting: RunSetting, written: MetricsWriter, total_steps: int, side: Sequence[Hook]
+) -> Hooks:
     """The run's side concerns, in the order each moment meets them: the start-up timeline,
     metrics.jsonl (opened before the step clock restarts, drained before the watchdog stops),
     the step clock, the hang watchdog, the log and the bar; then ``side`` (the notices first,
@@ -117,10 +119,10 @@ def attach(parts: Parts, setting: RunSetting, side: Sequence[Hook]) -> Hooks:
     return Hooks(
         [
             setting.timeline,
-            parts.written,
-            parts.clock,
+            written,
+            written.clock,
             HangWatch(setting.cfg.dist, setting.env, stacks, attempt.restart),
-            ProgressLog(setting.env, parts.written, parts.total_steps),
+            ProgressLog(setting.env, written, total_steps),
             *side,
         ]
     )

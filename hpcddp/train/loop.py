@@ -189,7 +189,8 @@ def assembled(
     stopping = Stopping(
         setting.cfg, setting.env, stop_flag, parts.vote, setting.attempt, setting.run_dir
     )
-    return TrainingRun(parts, stopping, attach(parts, setting, side), setting)
+    hooks = attach(setting, parts.written, parts.total_steps, side)
+    return TrainingRun(parts, stopping, hooks, setting)
 
 
 def _started(parts: Parts, stopping: Stopping, setting: RunSetting) -> Progress:
