@@ -127,7 +127,7 @@ class CheckpointStore:
         started = time.perf_counter()
         path = self.path_for(step)
         try:
-            nbytes = self._write_checkpoint(path, step, state)
+            nbytes = _write_checkpoint(path, step, state)
         except OSError as exc:
             raise _write_error(self.directory, step, exc, _tensor_bytes(state)) from exc
         elapsed = time.perf_counter() - started
@@ -149,37 +149,6 @@ class CheckpointStore:
                 f"cannot create checkpoint directory {self.directory}: {exc.strerror or exc}; "
                 "expected a writable directory. HINT: point run.dir at a writable location."
             ) from exc
-
-    def _write_checkpoint(self, path: pathlib.Path, step: int, state: dict) -> int:
-        """Payload temp, sidecar, then the payload rename (see the module docstring).
-
-        Both temps are written before either is fsynced, so ext4 (data=ordered) flushes both
-        in one journal commit; one directory fsync then covers both renames, which journaling
-        filesystems persist in order. Returns the payload size in bytes.
-        """
-        sidecar = _sidecar(path)
-        tmp, new, nbytes = digest.stream_to_temp(path, lambda f: _torch_save(step, state, f))
-        temps = [tmp]
-        try:
-            digests = list(dict.fromkeys([*_old_digests(path), new]))
-            temps.append(atomic.write_temp(sidecar, _sidecar_text(path, digests), fsync=False))
-            for temp in temps:
-                atomic.fsync_file(temp)
-            os.replace(temps[1], sidecar)
-            if len(digests) > 1:  # Replacing a step: its old payload must stay verifiable.
-                atomic.fsync_dir(self.directory)
-            atomic.commit(tmp, path)
-        except BaseException:
-            for temp in temps:
-                atomic.unlink_quietly(temp)
-            if not path.exists():
-                atomic.unlink_quietly(sidecar)
-            raise
-        if len(digests) > 1:  # Old payload is gone; keep only the digest that matches now.
-            atomic.atomic_write_bytes(sidecar, _sidecar_text(path, [new]))
-        for older in OLDER_SIDECAR_SUFFIXES:  # an earlier version's record of this step
-            atomic.unlink_quietly(path.with_name(path.name + older))
-        return nbytes
 
     def _prune(self, keep_step: int) -> None:
         """Delete checkpoints beyond the newest ``keep_last``, never the one just written."""
@@ -212,26 +181,63 @@ class CheckpointStore:
 
     def load_verified(self, path: str | os.PathLike) -> dict:
         """Load ``path``, already verified, with tensors mapped from the file."""
-        path = pathlib.Path(path)
-        try:
-            state = mapped.load(path)
-        except Exception as exc:  # Unpickling errors come in many types; all mean "unusable".
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CheckpointError(
-                f"checkpoint {path} cannot be loaded safely ({type(exc).__name__}: {reason}); "
-                "expected tensors and plain Python values only. HINT: it may be corrupt or "
-                "contain arbitrary objects; resume falls back to an older checkpoint."
-            ) from exc
-        if not isinstance(state, dict):
-            raise CheckpointError(
-                f"checkpoint {path} holds a {type(state).__name__}; expected a dict. "
-                "HINT: it was not written by hpcddp; move it out of the checkpoints directory."
-            )
-        return state
+        return _load_verified(pathlib.Path(path))
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+def _write_checkpoint(path: pathlib.Path, step: int, state: dict) -> int:
+    """Payload temp, sidecar, then the payload rename (see the module docstring).
+
+    Both temps are written before either is fsynced, so ext4 (data=ordered) flushes both
+    in one journal commit; one directory fsync then covers both renames, which journaling
+    filesystems persist in order. Returns the payload size in bytes.
+    """
+    sidecar = _sidecar(path)
+    tmp, new, nbytes = digest.stream_to_temp(path, lambda f: _torch_save(step, state, f))
+    temps = [tmp]
+    try:
+        digests = list(dict.fromkeys([*_old_digests(path), new]))
+        temps.append(atomic.write_temp(sidecar, _sidecar_text(path, digests), fsync=False))
+        for temp in temps:
+            atomic.fsync_file(temp)
+        os.replace(temps[1], sidecar)
+        if len(digests) > 1:  # Replacing a step: its old payload must stay verifiable.
+            atomic.fsync_dir(path.parent)
+        atomic.commit(tmp, path)
+    except BaseException:
+        for temp in temps:
+            atomic.unlink_quietly(temp)
+        if not path.exists():
+            atomic.unlink_quietly(sidecar)
+        raise
+    if len(digests) > 1:  # Old payload is gone; keep only the digest that matches now.
+        atomic.atomic_write_bytes(sidecar, _sidecar_text(path, [new]))
+    for older in OLDER_SIDECAR_SUFFIXES:  # an earlier version's record of this step
+        atomic.unlink_quietly(path.with_name(path.name + older))
+    return nbytes
+
+
+def _load_verified(path: pathlib.Path) -> dict:
+    """Load ``path``, already verified, with tensors mapped from the file: a dict, or a
+    CheckpointError saying why it cannot be used."""
+    try:
+        state = mapped.load(path)
+    except Exception as exc:  # Unpickling errors come in many types; all mean "unusable".
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(
+            f"checkpoint {path} cannot be loaded safely ({type(exc).__name__}: {reason}); "
+            "expected tensors and plain Python values only. HINT: it may be corrupt or "
+            "contain arbitrary objects; resume falls back to an older checkpoint."
+        ) from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"checkpoint {path} holds a {type(state).__name__}; expected a dict. "
+            "HINT: it was not written by hpcddp; move it out of the checkpoints directory."
+        )
+    return state
 
 
 def _write_error(
