@@ -6,6 +6,7 @@ Slurm job, hand on to the next link of the run's chain, or neither), and turns a
 typed `RunOutcome`. The NaN policy is not here: it lives whole in `hpcddp.train.guard`.
 """
 
+import dataclasses
 import logging
 import pathlib
 import time
@@ -142,20 +143,9 @@ class Stopping:
 
     def record_attempt(self, cause: str, step: int) -> None:
         """Rank 0: this attempt's line in attempts.jsonl (`hpcddp.storage.attempts`)."""
-        a = self.attempt
-        attempts.record(
-            self.run_dir,
-            attempts.Ended(
-                job=a.job,
-                restart=a.restart,
-                nodes=list(a.nodes),
-                cause=cause,
-                step=step,
-                from_step=self.resumed_step,
-                times=self.started,
-                size=self._size(),
-            ),
-        )
+        a, size = self.attempt, self._size()
+        ended = attempts.Ended(a.job, a.restart, list(a.nodes), cause, step, self.resumed_step)
+        attempts.record(self.run_dir, dataclasses.replace(ended, times=self.started, size=size))
 
     def record_start(self) -> None:
         """Rank 0, after the attempt's first step: its start times, to starts.jsonl, so that
