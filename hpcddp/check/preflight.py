@@ -95,8 +95,9 @@ def _gpu_facts(env: DistEnv, device: torch.device, environ: Mapping[str, str]) -
     }
 
 
-def _cpu_facts(env: DistEnv, done: Joined, config: Config, environ: Mapping[str, str]
-               ) -> dict[str, Any]:  # fmt: skip
+def _cpu_facts(
+    env: DistEnv, done: Joined, config: Config, environ: Mapping[str, str]
+) -> dict[str, Any]:
     """The CPUs this rank runs on (after pinning near its GPU) and the loader workers they allow."""
     allowed = cpus.allowed_cpus()
     pinning = done.pinning

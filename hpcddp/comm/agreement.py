@@ -31,8 +31,14 @@ class Fault:
     message: str
 
 
-def agree(fault: Fault | None, facts: Any = None, *, env: DistEnv, timeout_s: float,
-          doing: str = "their part") -> list[Any]:  # fmt: skip
+def agree(
+    fault: Fault | None,
+    facts: Any = None,
+    *,
+    env: DistEnv,
+    timeout_s: float,
+    doing: str = "their part",
+) -> list[Any]:
     """Every rank's ``facts``, in rank order, once every rank reports no fault.
 
     Otherwise every rank raises the first failing rank's error (marked `errors.agreed`, so

@@ -248,7 +248,6 @@ def download(
     *,
     local: bool = False,
     timeout_s: float = 1800.0,
-    progress: bool = True,
     env: "DistEnv | None" = None,
 ) -> pathlib.Path:
     """Fetch an http(s):// or file:// URL to ``dest`` once (per job, or per node if ``local``).
@@ -257,13 +256,14 @@ def download(
     without touching the network. Data lands under a temporary name beside ``dest`` and is
     renamed into place only after its checksum is verified. Ranks that wait trust the fetching
     rank's check rather than each reading the file again. Returns ``dest`` on every rank.
+    The fetching rank draws a progress bar on a terminal, and logs one line when done.
     """
     dest = pathlib.Path(dest)
     expected = _expected_digest(sha256)
     _check_scheme(url)
     with _first(local, timeout_s, f"download of {url}", env) as first:
         if first:
-            _ensure(url, dest, expected, progress)
+            _ensure(url, dest, expected)
         else:
             _await_visible(dest, local)
     return dest
@@ -292,7 +292,7 @@ def _check_scheme(url: str) -> None:
         )
 
 
-def _ensure(url: str, dest: pathlib.Path, expected: str | None, progress: bool) -> None:
+def _ensure(url: str, dest: pathlib.Path, expected: str | None) -> None:
     """Keep a good ``dest``; otherwise fetch to a temporary name, verify, rename into place."""
     if dest.is_file():
         if expected is None:
@@ -306,7 +306,7 @@ def _ensure(url: str, dest: pathlib.Path, expected: str | None, progress: bool) 
     tmp = _open_temp(dest)
     try:
         with tmp.open("wb") as out:
-            actual = _fetch(url, out, dest.name, progress)
+            actual = _fetch(url, out, dest.name)
         if expected is not None and actual != expected:
             raise DownloadError(
                 f"checksum mismatch for {url}: expected sha256 {expected}, got {actual}; "
@@ -340,14 +340,14 @@ def _open_temp(dest: pathlib.Path) -> pathlib.Path:
     return tmp
 
 
-def _fetch(url: str, out: IO[bytes], name: str, progress: bool) -> str:
+def _fetch(url: str, out: IO[bytes], name: str) -> str:
     """Stream ``url`` into ``out`` in chunks; return the sha256 of what arrived."""
     digest = hashlib.sha256()
     try:
         with urllib.request.urlopen(url, timeout=SOCKET_TIMEOUT_S) as response:
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
-            bar = _Progress(name, total, enabled=progress)
+            bar = _Progress(name, total)
             while chunk := response.read(CHUNK_BYTES):
                 digest.update(chunk)
                 out.write(chunk)

@@ -22,7 +22,6 @@ import dataclasses
 import datetime
 import itertools
 import json
-import os
 import time
 from collections.abc import Mapping
 
@@ -160,15 +159,15 @@ def meet(
     mine: Hello,
     timeout_s: float,
     override: str = "",
-    environ: Mapping[str, str] = os.environ,
     prefix: str = "",
 ) -> Meeting:
     """Post this rank's hello, let rank 0 decide, and return this rank's network (or raise).
 
-    The keys live under ``prefix``: by default one per torchrun restart and per process group
-    this process made, which every rank counts alike.
+    The keys live under ``prefix``: by default one per torchrun restart (read from the
+    environment ``env`` was resolved from) and per process group this process made, which
+    every rank counts alike.
     """
-    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    restart = env.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefix = prefix or f"hpcddp/rdzv/{restart}/{next(_rounds)}"
     # Hellos are numbered in order of arrival, so rank 0 reads each once: O(world) requests.
     arrival = store.add(f"{prefix}/arrivals", 1)
@@ -355,8 +354,8 @@ def plan_devices(hellos: Mapping[int, Hello]) -> tuple[dict[int, str], list[str]
     views = [h.view() for h in hellos.values()]
     chosen = assign(views)
     nccl = {rank for rank, hello in hellos.items() if hello.backend == "nccl"}
-    clashes = [(g, who) for g, who in shared(views, chosen, physical=True)
-               if {v.rank for v in who} & nccl]  # fmt: skip
+    pairs = shared(views, chosen, physical=True)
+    clashes = [(gpu, who) for gpu, who in pairs if {v.rank for v in who} & nccl]
     if clashes:
         lines = [sharing_message(gpu, who) for gpu, who in clashes]
         return {}, ["LaunchError", "\nhpcddp: error: ".join(lines)]

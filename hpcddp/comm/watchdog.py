@@ -55,6 +55,7 @@ class Place:
     world_size: int
     host: str
     stacks_dir: pathlib.Path
+    main_thread: int | None = None  # whose stack says where the rank is; None: the main one
 
 
 class Watchdog:
@@ -69,11 +70,10 @@ class Watchdog:
         *,
         clock: Callable[[], float] = time.monotonic,
         end: Callable[[int], None] = _ended,
-        main_thread: int | None = None,
     ) -> None:
         self.beat, self.budget, self.place, self.store = beat, budget, place, store
         self.clock, self.end = clock, end
-        self.main_thread = main_thread or threading.main_thread().ident
+        self.main_thread = place.main_thread or threading.main_thread().ident
         self.tick_s = min(max(budget.steady_s / 20, 0.05), 1.0)
         self.grace_s = min(max(budget.steady_s, 5.0), 30.0)  # for the other ranks' reports
         self.timer = hang.StallTimer(budget, beat.step, clock())
@@ -118,8 +118,10 @@ class Watchdog:
     def _report(self, stalled_s: float) -> hang.Report:
         p = self.place
         frame = sys._current_frames().get(self.main_thread or 0)
-        header = (f"rank {p.rank}/{p.world_size} on {p.host}: no progress for {stalled_s:.0f} s "
-                  f"after step {self.beat.step} ({self.beat.phase})")  # fmt: skip
+        header = (
+            f"rank {p.rank}/{p.world_size} on {p.host}: no progress for {stalled_s:.0f} s "
+            f"after step {self.beat.step} ({self.beat.phase})"
+        )
         tool = dump_stacks(p.stacks_dir / f"rank-{p.rank}.txt", header)
         log.warning("%s; stacks (by %s) in %s", header, tool, p.stacks_dir, extra=_FILE_ONLY)
         return hang.Report(
@@ -149,8 +151,9 @@ class Watchdog:
         ranks = hang.behind(reports, self.place.world_size, done)
         hung = [reports[r] for r in ranks if r in reports]
         silent = [r for r in ranks if r not in reports]
-        silent_hosts = [self.store.get(f"host/{r}").decode() for r in silent
-                        if self._has(f"host/{r}")]  # fmt: skip
+        silent_hosts = [
+            self.store.get(f"host/{r}").decode() for r in silent if self._has(f"host/{r}")
+        ]
         verdict = {
             "ranks": ranks,
             "hosts": sorted({*(r.host for r in hung), *silent_hosts}),
@@ -179,8 +182,8 @@ class Watchdog:
             found = error_reports.Report(rank, self.place.host, exit_codes.HUNG, verdict["message"])
             error_reports.write(report_file, found)
         console = first and not report_file
-        log.log(logging.ERROR if console else logging.WARNING, "%s", verdict["message"],
-                extra=None if console else _FILE_ONLY)  # fmt: skip
+        level, extra = (logging.ERROR, None) if console else (logging.WARNING, _FILE_ONLY)
+        log.log(level, "%s", verdict["message"], extra=extra)
         if ending:
             self.end(exit_codes.HUNG)
 

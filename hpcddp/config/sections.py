@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import yaml
 
 from hpcddp.config.slurm_option import (
+    SlurmFlag,
     mail_events,
     mail_needs_user,
     not_negative,
@@ -376,130 +377,86 @@ class SlurmConfig:
     job_name: str = slurm_option(
         "hpcddp",
         "job name (squeue, output file names)",
-        sbatch="job-name",
-        submitit="name",
-        cli="--job-name",
-        example="llm-pretrain",
+        SlurmFlag("job-name", "name", "--job-name", example="llm-pretrain"),
     )
     nodes: int = slurm_option(
         1,
         "nodes to run on",
-        sbatch="nodes",
-        submitit="nodes",
-        cli="--nodes",
-        example=2,
-        check=positive,
+        SlurmFlag("nodes", "nodes", "--nodes", example=2, check=positive),
     )
     tasks_per_node: int = slurm_option(
         1,
         "ranks per node",
-        sbatch="ntasks-per-node",
-        submitit="tasks_per_node",
-        cli="--tasks-per-node",
-        example=8,
-        check=positive,
+        SlurmFlag(
+            "ntasks-per-node", "tasks_per_node", "--tasks-per-node", example=8, check=positive
+        ),
     )
     gpus_per_node: int = slurm_option(
         0,
         "GPUs per node",
-        sbatch="gpus-per-node",
-        submitit="gpus_per_node",
-        cli="--gpus-per-node",
-        example=8,
-        check=not_negative,
+        SlurmFlag(
+            "gpus-per-node", "gpus_per_node", "--gpus-per-node", example=8, check=not_negative
+        ),
     )
     cpus_per_task: int = slurm_option(
         0,
         "CPUs per rank; 0: 1 on CPU, on GPUs the node's cores over its GPUs (at most 16)",
-        sbatch="cpus-per-task",
-        submitit="cpus_per_task",
-        cli="--cpus-per-task",
-        example=12,
-        check=not_negative,
+        SlurmFlag(
+            "cpus-per-task", "cpus_per_task", "--cpus-per-task", example=12, check=not_negative
+        ),
     )
     mem_gb: float = slurm_option(
         0.0,
         "memory per node in GB; 0: the partition's default",
-        sbatch="mem",
-        submitit="mem_gb",
-        cli="--mem-gb",
-        example=480,
-        check=not_negative,
+        SlurmFlag("mem", "mem_gb", "--mem-gb", example=480, check=not_negative),
     )
     time_min: int = slurm_option(
         60,
         "time limit in minutes",
-        sbatch="time",
-        submitit="timeout_min",
-        cli="--time",
-        example=2880,
-        check=positive,
+        SlurmFlag("time", "timeout_min", "--time", example=2880, check=positive),
     )
     partition: str = slurm_option(
         "",
         "partition; empty: the cluster's default",
-        sbatch="partition",
-        submitit="slurm_partition",
-        cli="--partition",
-        example="gpu-a100",
+        SlurmFlag("partition", "slurm_partition", "--partition", example="gpu-a100"),
     )
     account: str = slurm_option(
         "",
         "account to charge; empty: your default",
-        sbatch="account",
-        submitit="slurm_account",
-        cli="--account",
-        example="proj123",
+        SlurmFlag("account", "slurm_account", "--account", example="proj123"),
     )
     qos: str = slurm_option(
         "",
         "quality of service; empty: the default",
-        sbatch="qos",
-        submitit="slurm_qos",
-        cli="--qos",
-        example="high",
+        SlurmFlag("qos", "slurm_qos", "--qos", example="high"),
     )
     constraint: str = slurm_option(
         "",
         "node features the job needs, as sbatch --constraint takes them; empty: any node",
-        sbatch="constraint",
-        submitit="slurm_constraint",
-        cli="--constraint",
-        example="a100&ib",
+        SlurmFlag("constraint", "slurm_constraint", "--constraint", example="a100&ib"),
     )
     mail_type: str = slurm_option(
         "",
         "Slurm mails slurm.mail_user on these events, comma-separated: BEGIN, END, FAIL, "
         "REQUEUE, TIME_LIMIT_90, ALL, ...; empty: no mail",
-        sbatch="mail-type",
-        submitit="slurm_mail_type",
-        cli="--mail-type",
-        example="END,FAIL",
-        check=mail_events,
+        SlurmFlag(
+            "mail-type", "slurm_mail_type", "--mail-type", example="END,FAIL", check=mail_events
+        ),
     )
     mail_user: str = slurm_option(
         "",
         "where Slurm's mail goes (an address); needed with slurm.mail_type",
-        sbatch="mail-user",
-        submitit="slurm_mail_user",
-        cli="--mail-user",
-        example="you@example.org",
+        SlurmFlag("mail-user", "slurm_mail_user", "--mail-user", example="you@example.org"),
     )
     reservation: str = slurm_option(
         "",
         "run in this reservation (scontrol show reservation); empty: none",
-        sbatch="reservation",
-        submitit="",
-        cli="--reservation",
-        example="maintenance",
+        SlurmFlag("reservation", "", "--reservation", example="maintenance"),
     )
     exclusive: bool = slurm_option(
         False,
         "the nodes to this job alone, shared with no other job",
-        sbatch="exclusive",
-        submitit="slurm_exclusive",
-        cli="--exclusive",
-        example=True,
+        SlurmFlag("exclusive", "slurm_exclusive", "--exclusive", example=True),
     )
     # End of the option table.
     signal_delay_s: int = setting(

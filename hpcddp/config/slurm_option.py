@@ -28,18 +28,8 @@ class SlurmFlag:
     check: Check | None = None  # besides the field's type; text is checked for sbatch too
 
 
-def slurm_option(
-    default: T,
-    help: str,
-    *,
-    sbatch: str,
-    submitit: str,
-    cli: str,
-    example: Any,
-    check: Check | None = None,
-) -> T:
+def slurm_option(default: T, help: str, flag: SlurmFlag) -> T:
     """A config field that is also an sbatch option: one row of the option table."""
-    flag = SlurmFlag(sbatch, submitit, cli, example, check)
     field: T = dataclasses.field(default=default, metadata={"help": help, "slurm": flag})
     return field
 

@@ -98,8 +98,11 @@ def slurm_gave_gpus(environ: Mapping[str, str]) -> str:
 
 def container_of(environ: Mapping[str, str]) -> str:
     """The container runtime this process runs in, if any (apptainer, singularity, pyxis)."""
-    for name, runtime in (("APPTAINER_CONTAINER", "apptainer"), ("SINGULARITY_CONTAINER",
-                          "singularity"), ("ENROOT_ROOTFS", "pyxis")):  # fmt: skip
+    for name, runtime in (
+        ("APPTAINER_CONTAINER", "apptainer"),
+        ("SINGULARITY_CONTAINER", "singularity"),
+        ("ENROOT_ROOTFS", "pyxis"),
+    ):
         if environ.get(name):
             return runtime
     return ""

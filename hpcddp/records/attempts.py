@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from hpcddp import run_files
-from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, SIDECAR_SUFFIX
+from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, has_sidecar
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def saved_step(run_dir: str | os.PathLike[str]) -> int:
         names = set(os.listdir(folder))
     except OSError:
         return 0
-    complete = [m for n in names if (m := CHECKPOINT_NAME.match(n)) and n + SIDECAR_SUFFIX in names]
+    complete = [m for n in names if (m := CHECKPOINT_NAME.match(n)) and has_sidecar(n, names)]
     steps = [int(m[1]) for m in complete]
     return max(steps, default=0)
 
@@ -64,21 +64,9 @@ def last_step(run_dir: str | os.PathLike[str]) -> int:
     return int(found[-1].get("step", 0)) if found else 0
 
 
-def record(
-    run_dir: str | os.PathLike[str],
-    *,
-    job: str,
-    restart: int,
-    nodes: list[str],
-    cause: str,
-    step: int | None = None,
-    from_step: int | None = None,
-    excluded: list[str] | None = None,
-    then: str | None = None,
-    times: dict[str, float] | None = None,
-    size: dict[str, int] | None = None,
-) -> None:
-    """Record one attempt once it ended: where it ran, why it ended, the steps it spanned.
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """One attempt once it ended: where it ran, why it ended, the steps it spanned.
 
     ``step`` defaults to the newest saved checkpoint (what the next attempt resumes from),
     ``from_step`` to where the previous attempt ended. ``then`` is what the job did next
@@ -87,15 +75,31 @@ def record(
     ``first_step`` for its start). ``size`` is what it held: ``gpus``, ``allocated_nodes``
     (spares included), for its cost (`hpcddp.records.cost`).
     """
-    entry: dict[str, Any] = {"job": job, "restart": restart, "nodes": nodes, "cause": cause}
-    entry["from_step"] = last_step(run_dir) if from_step is None else from_step
-    entry["step"] = saved_step(run_dir) if step is None else step
-    if excluded:
-        entry["excluded"] = excluded
-    if then:
-        entry["then"] = then
-    entry.update(times or {})
-    entry.update(size or {})
+
+    job: str
+    restart: int
+    nodes: list[str]
+    cause: str
+    step: int | None = None
+    from_step: int | None = None
+    excluded: list[str] | None = None
+    then: str | None = None
+    times: dict[str, float] | None = None
+    size: dict[str, int] | None = None
+
+
+def record(run_dir: str | os.PathLike[str], ended: Ended) -> None:
+    """Record one attempt once it ended (`Ended`), as one line of attempts.jsonl."""
+    e = ended
+    entry: dict[str, Any] = {"job": e.job, "restart": e.restart, "nodes": e.nodes, "cause": e.cause}
+    entry["from_step"] = last_step(run_dir) if e.from_step is None else e.from_step
+    entry["step"] = saved_step(run_dir) if e.step is None else e.step
+    if e.excluded:
+        entry["excluded"] = e.excluded
+    if e.then:
+        entry["then"] = e.then
+    entry.update(e.times or {})
+    entry.update(e.size or {})
     _append(run_dir, entry)
 
 

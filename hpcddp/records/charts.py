@@ -159,13 +159,14 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
 
 
 def _caption(m: Metrics) -> str:
-    """The headline numbers: last step, losses, the last eval metrics, and what was skipped."""
+    """The headline numbers: last step, the train loss, the last eval metrics (each says it is
+    the eval's: "train loss 0.19, eval loss 0.22"), and what was skipped."""
     parts = [f"step {max(r['step'] for r in m.train + m.evals)}"]
     if m.train:
-        parts.append(f"loss {m.train[-1]['loss']:.4g}")
+        parts.append(f"train loss {m.train[-1]['loss']:.4g}")
     if m.evals:
         last = m.evals[-1]
-        parts += [f"{k.removeprefix('eval_')} {last[k]:.4g}" for k in last if k.startswith("eval_")]
+        parts += [f"{k.replace('_', ' ', 1)} {last[k]:.4g}" for k in last if k.startswith("eval_")]
     if m.resumes:
         parts.append(f"{len(m.resumes)} resume(s)")
     if m.skipped:

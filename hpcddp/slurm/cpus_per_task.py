@@ -43,13 +43,15 @@ def parse_sinfo(text: str, partition: str) -> list[NodeShape]:
     return shapes
 
 
-def node_shapes(partition: str, run: Callable[..., "subprocess.CompletedProcess[str]"] | None = None
-                ) -> list[NodeShape]:  # fmt: skip
+def node_shapes(
+    partition: str, run: Callable[..., "subprocess.CompletedProcess[str]"] | None = None
+) -> list[NodeShape]:
     """The partition's nodes, from sinfo (none when sinfo is missing or does not answer)."""
     run = run or subprocess.run
     try:
-        done = run(["sinfo", "-h", "-N", "-o", "%c %G %P"], capture_output=True, text=True,
-                   timeout=30)  # fmt: skip
+        done = run(
+            ["sinfo", "-h", "-N", "-o", "%c %G %P"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     return parse_sinfo(done.stdout, partition) if done.returncode == 0 else []

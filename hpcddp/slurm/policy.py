@@ -173,14 +173,16 @@ def _after_step(args: argparse.Namespace, environ: Mapping[str, str]) -> Decisio
     os.makedirs(config.run.dir, exist_ok=True)  # the ranks may have died before making it
     attempts.record(
         config.run.dir,
-        job=now.job,
-        restart=restart,
-        nodes=list(now.allocation if args.hosts in ("", "all") else _hosts(args.hosts)),
-        cause=f"{FAILED}: {failure.what}",
-        excluded=list(decision.avoid or decision.exclude),
-        then=THEN[decision.action],
-        times={"detected": verdict["detected"]} if verdict else None,
-        size={"allocated_nodes": len(now.allocation)} if now.allocation else None,
+        attempts.Ended(
+            job=now.job,
+            restart=restart,
+            nodes=list(now.allocation if args.hosts in ("", "all") else _hosts(args.hosts)),
+            cause=f"{FAILED}: {failure.what}",
+            excluded=list(decision.avoid or decision.exclude),
+            then=THEN[decision.action],
+            times={"detected": verdict["detected"]} if verdict else None,
+            size={"allocated_nodes": len(now.allocation)} if now.allocation else None,
+        ),
     )
     _tell(config, environ, decision, failure if verdict else None)
     return decision

@@ -111,10 +111,13 @@ def _run_table(made: RunReport, with_slurm: bool) -> list[str]:
     for cost, found in zip(made.costs, made.slurm, strict=True):
         wall = cost.wall_s if cost.started is not None else None
         row = _ATTEMPT.format(
-            cost.attempt, cost.job or "local", _short(cost.cause), cost.nodes, cost.gpus,
-            *_figures(wall, cost.steps_gained, cost.startup_s, cost.lost_s, cost.node_hours,
-                      cost.gpu_hours, cost.useful_share),
-        )  # fmt: skip
+            cost.attempt,
+            cost.job or "local",
+            _short(cost.cause),
+            cost.nodes,
+            cost.gpus,
+            *_figures(cost, wall),
+        )
         if with_slurm:
             slurm = f"{found.state}, {_clock(found.elapsed_s)}, {found.nodes}" if found else "-"
             row += f"  {slurm}"
@@ -134,21 +137,21 @@ def _sweep_table(made: list[RunReport]) -> list[str]:
 
 def _totals_row(label: str, name: str, t: Totals) -> str:
     attempts_ = f"{t.attempts} attempt(s)"
-    return _ATTEMPT.format(
-        label, "", attempts_, "", "",
-        *_figures(t.wall_s, t.steps_gained, t.startup_s, t.lost_s, t.node_hours, t.gpu_hours,
-                  t.useful_share),
-    ) + (f"  {name}" if name else "")  # fmt: skip
+    row = _ATTEMPT.format(label, "", attempts_, "", "", *_figures(t, t.wall_s))
+    return row + (f"  {name}" if name else "")
 
 
-def _figures(
-    wall: float | None, steps: int, startup: float | None, lost: float, node_h: float,
-    gpu_h: float, useful: float,
-) -> tuple[str, ...]:  # fmt: skip
+def _figures(row: AttemptCost | Totals, wall: float | None) -> tuple[str, ...]:
+    """The columns after the first five: ``wall`` is the row's own (unknown, or a total)."""
     return (
-        _clock(wall), str(steps), _clock(startup), _clock(lost), f"{node_h:.4f}",
-        f"{gpu_h:.4f}", f"{useful:.0%}",
-    )  # fmt: skip
+        _clock(wall),
+        str(row.steps_gained),
+        _clock(row.startup_s),
+        _clock(row.lost_s),
+        f"{row.node_hours:.4f}",
+        f"{row.gpu_hours:.4f}",
+        f"{row.useful_share:.0%}",
+    )
 
 
 def _short(text: str, width: int = 26) -> str:

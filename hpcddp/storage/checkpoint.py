@@ -1,9 +1,10 @@
 """Rank-0 checkpoint storage that never loses work and never hands resume a broken file.
 
-Layout: ``<run_dir>/checkpoints/step-00000123.pt`` plus a sidecar ``step-00000123.pt.sha256``
-(``sha256sum``'s layout; the name is historical) holding the digest of the payload bytes: an
-XXH3-128 named by its prefix, ``xxh3-128:<hex>`` (`hpcddp.storage.digest`, which says why, how to
-check it by hand with ``xxhsum -H2``, and which older sha256 digests still verify).
+Layout: ``<run_dir>/checkpoints/step-00000123.pt`` plus a sidecar ``step-00000123.pt.xxh3``
+(``sha256sum``'s layout) holding the digest of the payload bytes: an XXH3-128 named by its
+prefix, ``xxh3-128:<hex>`` (`hpcddp.storage.digest`, which says why, how to check it by hand
+with ``xxhsum -H2``, and which older sha256 digests still verify). A sidecar of an earlier
+version, ``step-00000123.pt.sha256``, is still read (`hpcddp.storage.checkpoint_names`).
 
 Why it is crash-safe: the payload goes to a dot-prefixed temp file, the sidecar to another;
 both are fsynced, the sidecar is renamed into place, then the payload, then the directory is
@@ -44,7 +45,14 @@ import torch
 
 from hpcddp.errors import CheckpointError
 from hpcddp.storage import atomic, digest, mapped
-from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, SIDECAR_SUFFIX, file_name
+from hpcddp.storage.checkpoint_names import (
+    CHECKPOINT_NAME,
+    OLDER_SIDECAR_SUFFIXES,
+    SIDECAR_SUFFIX,
+    SIDECAR_SUFFIXES,
+    file_name,
+    payload_of,
+)
 from hpcddp.storage.into_place import Piece
 
 log = logging.getLogger(__name__)
@@ -119,7 +127,7 @@ class CheckpointStore:
         started = time.perf_counter()
         path = self.path_for(step)
         try:
-            nbytes = self._write_checkpoint(path, step, state)
+            nbytes = _write_checkpoint(path, step, state)
         except OSError as exc:
             raise _write_error(self.directory, step, exc, _tensor_bytes(state)) from exc
         elapsed = time.perf_counter() - started
@@ -142,35 +150,6 @@ class CheckpointStore:
                 "expected a writable directory. HINT: point run.dir at a writable location."
             ) from exc
 
-    def _write_checkpoint(self, path: pathlib.Path, step: int, state: dict) -> int:
-        """Payload temp, sidecar, then the payload rename (see the module docstring).
-
-        Both temps are written before either is fsynced, so ext4 (data=ordered) flushes both
-        in one journal commit; one directory fsync then covers both renames, which journaling
-        filesystems persist in order. Returns the payload size in bytes.
-        """
-        sidecar = _sidecar(path)
-        tmp, new, nbytes = digest.stream_to_temp(path, lambda f: _torch_save(step, state, f))
-        temps = [tmp]
-        try:
-            digests = list(dict.fromkeys([*_old_digests(path), new]))
-            temps.append(atomic.write_temp(sidecar, _sidecar_text(path, digests), fsync=False))
-            for temp in temps:
-                atomic.fsync_file(temp)
-            os.replace(temps[1], sidecar)
-            if len(digests) > 1:  # Replacing a step: its old payload must stay verifiable.
-                atomic.fsync_dir(self.directory)
-            atomic.commit(tmp, path)
-        except BaseException:
-            for temp in temps:
-                atomic.unlink_quietly(temp)
-            if not path.exists():
-                atomic.unlink_quietly(sidecar)
-            raise
-        if len(digests) > 1:  # Old payload is gone; keep only the digest that matches now.
-            atomic.atomic_write_bytes(sidecar, _sidecar_text(path, [new]))
-        return nbytes
-
     def _prune(self, keep_step: int) -> None:
         """Delete checkpoints beyond the newest ``keep_last``, never the one just written."""
         complete = self.list_complete()
@@ -180,7 +159,8 @@ class CheckpointStore:
                 continue
             # Payload first: a lone sidecar is ignored, a lone .pt is not.
             atomic.unlink_quietly(path)
-            atomic.unlink_quietly(_sidecar(path))
+            for suffix in SIDECAR_SUFFIXES:
+                atomic.unlink_quietly(path.with_name(path.name + suffix))
             log.debug("pruned checkpoint %s", path)
 
     def _remove_debris(self) -> None:
@@ -201,26 +181,63 @@ class CheckpointStore:
 
     def load_verified(self, path: str | os.PathLike) -> dict:
         """Load ``path``, already verified, with tensors mapped from the file."""
-        path = pathlib.Path(path)
-        try:
-            state = mapped.load(path)
-        except Exception as exc:  # Unpickling errors come in many types; all mean "unusable".
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CheckpointError(
-                f"checkpoint {path} cannot be loaded safely ({type(exc).__name__}: {reason}); "
-                "expected tensors and plain Python values only. HINT: it may be corrupt or "
-                "contain arbitrary objects; resume falls back to an older checkpoint."
-            ) from exc
-        if not isinstance(state, dict):
-            raise CheckpointError(
-                f"checkpoint {path} holds a {type(state).__name__}; expected a dict. "
-                "HINT: it was not written by hpcddp; move it out of the checkpoints directory."
-            )
-        return state
+        return _load_verified(pathlib.Path(path))
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+def _write_checkpoint(path: pathlib.Path, step: int, state: dict) -> int:
+    """Payload temp, sidecar, then the payload rename (see the module docstring).
+
+    Both temps are written before either is fsynced, so ext4 (data=ordered) flushes both
+    in one journal commit; one directory fsync then covers both renames, which journaling
+    filesystems persist in order. Returns the payload size in bytes.
+    """
+    sidecar = _sidecar(path)
+    tmp, new, nbytes = digest.stream_to_temp(path, lambda f: _torch_save(step, state, f))
+    temps = [tmp]
+    try:
+        digests = list(dict.fromkeys([*_old_digests(path), new]))
+        temps.append(atomic.write_temp(sidecar, _sidecar_text(path, digests), fsync=False))
+        for temp in temps:
+            atomic.fsync_file(temp)
+        os.replace(temps[1], sidecar)
+        if len(digests) > 1:  # Replacing a step: its old payload must stay verifiable.
+            atomic.fsync_dir(path.parent)
+        atomic.commit(tmp, path)
+    except BaseException:
+        for temp in temps:
+            atomic.unlink_quietly(temp)
+        if not path.exists():
+            atomic.unlink_quietly(sidecar)
+        raise
+    if len(digests) > 1:  # Old payload is gone; keep only the digest that matches now.
+        atomic.atomic_write_bytes(sidecar, _sidecar_text(path, [new]))
+    for older in OLDER_SIDECAR_SUFFIXES:  # an earlier version's record of this step
+        atomic.unlink_quietly(path.with_name(path.name + older))
+    return nbytes
+
+
+def _load_verified(path: pathlib.Path) -> dict:
+    """Load ``path``, already verified, with tensors mapped from the file: a dict, or a
+    CheckpointError saying why it cannot be used."""
+    try:
+        state = mapped.load(path)
+    except Exception as exc:  # Unpickling errors come in many types; all mean "unusable".
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(
+            f"checkpoint {path} cannot be loaded safely ({type(exc).__name__}: {reason}); "
+            "expected tensors and plain Python values only. HINT: it may be corrupt or "
+            "contain arbitrary objects; resume falls back to an older checkpoint."
+        ) from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"checkpoint {path} holds a {type(state).__name__}; expected a dict. "
+            "HINT: it was not written by hpcddp; move it out of the checkpoints directory."
+        )
+    return state
 
 
 def _write_error(
@@ -252,8 +269,17 @@ def _check_step(step: int) -> None:
 
 
 def _sidecar(path: pathlib.Path) -> pathlib.Path:
-    """The integrity record that belongs to checkpoint ``path``."""
+    """The integrity record a save writes for checkpoint ``path``."""
     return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def _record_of(path: pathlib.Path) -> pathlib.Path:
+    """The integrity record to read for ``path``: this version's, else an earlier one's."""
+    for suffix in SIDECAR_SUFFIXES:
+        record = path.with_name(path.name + suffix)
+        if record.exists():
+            return record
+    return _sidecar(path)
 
 
 def _sidecar_text(path: pathlib.Path, digests: list[str]) -> bytes:
@@ -316,7 +342,7 @@ def _old_digests(path: pathlib.Path) -> list[str]:
     if not path.exists():
         return []
     try:
-        return _read_digests(_sidecar(path))
+        return _read_digests(_record_of(path))
     except (OSError, UnicodeDecodeError, ValueError):
         return []  # The old payload was unverifiable anyway; nothing to preserve.
 
@@ -324,7 +350,7 @@ def _old_digests(path: pathlib.Path) -> list[str]:
 def _verify(path: pathlib.Path, into: Sequence[Piece]) -> bool:
     """CheckpointError unless the digest of ``path`` is listed in its sidecar (one read, which
     fills ``into`` when the first scheme tried is the current one: True then)."""
-    sidecar = _sidecar(path)
+    sidecar = _record_of(path)
     try:
         digests = _read_digests(sidecar)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -359,12 +385,12 @@ def _short(token: str) -> str:
 def _is_debris(path: pathlib.Path) -> bool:
     """A temp file whose writer is dead, or a sidecar whose checkpoint was never renamed."""
     if (final := atomic.temp_target(path.name)) is not None:
-        return bool(CHECKPOINT_NAME.match(final.removesuffix(SIDECAR_SUFFIX))) and (
+        return bool(CHECKPOINT_NAME.match(payload_of(final) or final)) and (
             atomic.temp_writer_is_dead(path)
         )
-    if path.name.endswith(SIDECAR_SUFFIX):
-        payload = path.with_name(path.name.removesuffix(SIDECAR_SUFFIX))
-        return bool(CHECKPOINT_NAME.match(payload.name)) and not payload.exists()
+    payload = payload_of(path.name)
+    if payload is not None:
+        return bool(CHECKPOINT_NAME.match(payload)) and not path.with_name(payload).exists()
     return False
 
 

@@ -2,13 +2,14 @@
 
 `assemble` builds model, data, DDP, optimizer, scaler, guard, stepper, checkpointer and the
 side groups; `hpcddp.train.loop` only runs them. The side groups are made by collectives, so
-every rank makes them here, at the same point and in the same order.
+every rank makes them here, at the same point and in the same order. `attach` gives the loop
+its side concerns as hooks (`hpcddp.train.hooks`), in the order each moment meets them.
 """
 
 import dataclasses
 import math
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -17,12 +18,30 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.records import attempts
+from hpcddp.records.rundir import Attempt
 from hpcddp.train import building, data, ddp, guard, preemption, telemetry
 from hpcddp.train.checkpointing import Checkpointer, Trained
+from hpcddp.train.hang_watch import HangWatch
+from hpcddp.train.hooks import Hook, Hooks
+from hpcddp.train.metrics_writer import MetricsWriter
 from hpcddp.train.optim import make_optimizer, make_scheduler
-from hpcddp.train.step_reports import Reports
+from hpcddp.train.progress_log import ProgressLog
 from hpcddp.train.stepping import Stepper
 from hpcddp.train.task import Task
+from hpcddp.train.timeline import Timeline
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSetting:
+    """Where one rank's run takes place: its config, its place in the job, its directory."""
+
+    cfg: Config
+    env: DistEnv
+    device: torch.device
+    run_dir: pathlib.Path
+    attempt: Attempt
+    timeline: Timeline
 
 
 @dataclasses.dataclass
@@ -41,19 +60,17 @@ class Parts:
     stepper: Stepper
     checkpoints: Checkpointer
     vote: preemption.StopVote
-    reports: Reports
+    written: MetricsWriter
     hosts: list[str]
 
 
 def assemble(
     model_fn: Callable[..., torch.nn.Module],
     dataset_fn: Callable[..., Any],
-    cfg: Config,
-    env: DistEnv,
-    device: torch.device,
-    run_dir: pathlib.Path,
+    setting: RunSetting,
 ) -> Parts:
     """Build a rank's parts; a fault on one rank ends them all (they agree before DDP)."""
+    cfg, env, device, run_dir = setting.cfg, setting.env, setting.device, setting.run_dir
     built = building.build(model_fn, dataset_fn, cfg, env, device)
     total_steps = _total_steps(built.train_loader, cfg, env)
     model, wrapped = ddp.wrap(built.model, cfg, env, device)
@@ -71,11 +88,44 @@ def assemble(
     trained = Trained(model, optimizer, scheduler, scaler)
     checkpoints = Checkpointer(run_dir, cfg.train, cfg.dist.timeout_s, env, trained)
     vote = preemption.StopVote(env.backend, env.distributed, timeout_s=cfg.dist.timeout_s)
-    reports = Reports(cfg, env, device, built.hosts)  # telemetry's side group
+    written = MetricsWriter(cfg, env, device, built.hosts, clock, run_dir)  # a side group
     return Parts(
-        model, wrapped, built.train_loader, built.eval_loader, total_steps, task, scheduler,
-        nan_guard, clock, stepper, checkpoints, vote, reports, built.hosts,
-    )  # fmt: skip
+        model=model,
+        ddp=wrapped,
+        train_loader=built.train_loader,
+        eval_loader=built.eval_loader,
+        total_steps=total_steps,
+        task=task,
+        scheduler=scheduler,
+        guard=nan_guard,
+        clock=clock,
+        stepper=stepper,
+        checkpoints=checkpoints,
+        vote=vote,
+        written=written,
+        hosts=built.hosts,
+    )
+
+
+def attach(
+    setting: RunSetting, written: MetricsWriter, total_steps: int, side: Sequence[Hook]
+) -> Hooks:
+    """The run's side concerns, in the order each moment meets them: the start-up timeline,
+    metrics.jsonl (opened before the step clock restarts, drained before the watchdog stops),
+    the step clock, the hang watchdog, the log and the bar; then ``side`` (the notices first,
+    told of a start once the files are open; hooks of the user's)."""
+    attempt = setting.attempt
+    stacks = attempts.hang_dir(setting.run_dir, attempt.job, attempt.restart)
+    return Hooks(
+        [
+            setting.timeline,
+            written,
+            written.clock,
+            HangWatch(setting.cfg.dist, setting.env, stacks, attempt.restart),
+            ProgressLog(setting.env, written, total_steps),
+            *side,
+        ]
+    )
 
 
 def _total_steps(train_loader: Any, cfg: Config, env: DistEnv) -> int:

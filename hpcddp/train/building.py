@@ -52,9 +52,12 @@ def build(
     except Exception as err:  # told to every rank at the agreement point below
         fault = usercode.fault_of(err, env, what)
     gathered = agreement.agree(
-        fault, (env.hostname, _lengths(made)), env=env, timeout_s=cfg.dist.timeout_s,
+        fault,
+        (env.hostname, _lengths(made)),
+        env=env,
+        timeout_s=cfg.dist.timeout_s,
         doing="building its model and data",
-    )  # fmt: skip
+    )
     check_same_lengths([lengths for _, lengths in gathered])
     assert made is not None  # no rank had a fault, so this one built everything
     made.hosts = [host for host, _ in gathered]

@@ -38,6 +38,10 @@ from hpcddp.train import preemption, rng
 from hpcddp.train.state import Progress
 
 log = logging.getLogger(__name__)
+_COPIED = (
+    "checkpoint step %d: %.1f MB copied to host memory in %.3f s (%.1f MB pinned), "
+    "written in background"
+)
 
 
 @dataclasses.dataclass
@@ -118,12 +122,8 @@ class Checkpointer:
             return
         started = time.perf_counter()
         copy = self.snapshot.take(state)
-        log.info(
-            "checkpoint step %d: %.1f MB copied to host memory in %.3f s (%.1f MB pinned), "
-            "written in background",
-            step, self.snapshot.nbytes / 1e6, time.perf_counter() - started,
-            self.snapshot.pinned_bytes / 1e6,
-        )  # fmt: skip
+        copied_s, snapshot = time.perf_counter() - started, self.snapshot
+        log.info(_COPIED, step, snapshot.nbytes / 1e6, copied_s, snapshot.pinned_bytes / 1e6)
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, "hpcddp-checkpoint")
         self._writing = (step, self._writer.submit(self.store.save, step, copy))

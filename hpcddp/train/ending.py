@@ -7,7 +7,8 @@ Both end in `hpcddp.train.summary.write_summary` (rank 0), in the one shape
 
 import logging
 import pathlib
-import time
+
+import torch
 
 from hpcddp.comm import collectives
 from hpcddp.errors import DistributedError, NonFiniteError
@@ -16,7 +17,6 @@ from hpcddp.outcome import RunOutcome
 from hpcddp.records import attempts
 from hpcddp.run_files import FAILED, FINISHED, summary_path
 from hpcddp.train import ddp, guard
-from hpcddp.train.assembly import Parts
 from hpcddp.train.state import Progress, weights_sha256
 from hpcddp.train.stopping import Stopping
 from hpcddp.train.summary import summary_of, write_summary
@@ -26,19 +26,19 @@ log = logging.getLogger(__name__)
 
 
 def finish(
-    parts: Parts,
+    model: torch.nn.Module,
     env: DistEnv,
     progress: Progress,
     stopping: Stopping,
     timeline: Timeline,
-    train_ended: float,
     evaluated: dict[str, float] | None,
 ) -> RunOutcome:
-    """Check every rank holds the same weights, then write summary.json (rank 0)."""
-    run_dir = parts.checkpoints.run_dir
-    ddp.sync_buffers(parts.model)
-    digest = weights_sha256(parts.model)
-    timeline.add("teardown", time.perf_counter() - train_ended)
+    """Check every rank holds the same weights (``model``, unwrapped), then write summary.json
+    (rank 0)."""
+    run_dir = stopping.run_dir
+    ddp.sync_buffers(model)
+    digest = weights_sha256(model)
+    timeline.wound_down()
     gathered = collectives.all_gather_object((digest, env.hostname, timeline.seconds))
     digests, hosts = [d for d, _, _ in gathered], [h for _, h, _ in gathered]
     if len(set(digests)) > 1:
@@ -57,25 +57,32 @@ def finish(
         summary.attempts = attempts.history(run_dir)
         write_summary(run_dir, summary)
     if env.is_main:
-        log.info("finished: %d steps, final loss %.4f, weights %s",
-                 progress.step, progress.last_loss, digest[:12])  # fmt: skip
+        loss, short = progress.last_loss, digest[:12]
+        log.info("finished: %d steps, final loss %.4f, weights %s", progress.step, loss, short)
         log.info("where the time went (seconds per rank):\n%s", table(spent))
     return RunOutcome(step=progress.step, summary=summary)
 
 
 def refuse_nonfinite(
-    parts: Parts, env: DistEnv, progress: Progress, policy: str, run_dir: pathlib.Path
+    nan_guard: guard.Guard,
+    latest: int | None,
+    hosts: list[str],
+    env: DistEnv,
+    progress: Progress,
+    run_dir: pathlib.Path,
 ) -> None:
-    """After a non-finite stop: summary.json says why (rank 0), then every rank raises."""
-    stopped = parts.guard.stopped
+    """After a non-finite stop: summary.json says why (rank 0), then every rank raises.
+
+    ``latest``: the step of the latest complete checkpoint; ``hosts``: every rank's, in order.
+    """
+    stopped = nan_guard.stopped
     step = stopped.step if stopped else progress.step
     seen = collectives.all_gather_object(bool(stopped and stopped.own_loss))
     ranks = [r for r, bad in enumerate(seen) if bad]
-    latest = parts.checkpoints.store.latest_step()
-    text = guard.message(step, ranks, progress.skipped_steps, latest, policy,
-                         parts.guard.collapsed_scale)  # fmt: skip
+    skipped, scale = progress.skipped_steps, nan_guard.collapsed_scale
+    text = guard.message(step, ranks, skipped, latest, nan_guard.policy, scale)
     if env.is_main:
-        summary = summary_of(FAILED, env, parts.hosts, progress, reason="nonfinite", message=text)
+        summary = summary_of(FAILED, env, hosts, progress, reason="nonfinite", message=text)
         summary.first_rank = ranks[0] if ranks else None
         summary.latest_checkpoint, summary.steps = latest, step
         write_summary(run_dir, summary)

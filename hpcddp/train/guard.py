@@ -183,8 +183,11 @@ class Guard:
             return False
         progress.skipped_steps += 1
         if self.policy == "skip" and progress.skipped_steps <= self.max_skips:
-            log.warning("step %d: non-finite loss or gradients, step skipped (%d so far)",
-                        seen.step, progress.skipped_steps)  # fmt: skip
+            log.warning(
+                "step %d: non-finite loss or gradients, step skipped (%d so far)",
+                seen.step,
+                progress.skipped_steps,
+            )
             return False
         self.stopped = seen
         return True

@@ -5,146 +5,67 @@ in accumulation windows (gradients sync on the last micro-batch only), evaluate 
 on schedule, stop cleanly when the ranks agree to, and finish with a summary every rank agrees
 on. The run is made of parts that each do one job: `hpcddp.train.assembly` builds them,
 `hpcddp.train.stopping` decides stops and requeues, `hpcddp.train.guard` holds the NaN policy,
-`hpcddp.train.progress_report` tells, `hpcddp.train.ending` finishes. Rank discipline is visible
-where it happens: files and prints under ``is_main``; every rank reaches every collective.
+`hpcddp.train.ending` finishes. What only watches or tells (notices, the hang watchdog,
+telemetry, metrics.jsonl, the log and bar, the timeline) is a hook (`hpcddp.train.hooks`): a new
+side concern adds a hook, not lines here. Rank discipline is visible where it happens: files
+and prints under ``is_main``; every rank reaches every collective.
 """
 
-import contextlib
 import faulthandler
 import logging
 import pathlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from hpcddp.comm import collectives, failures, hang, watchdog
-from hpcddp.config import Config
+from hpcddp.comm import failures
 from hpcddp.launch import collector
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
-from hpcddp.records import attempts
-from hpcddp.records.rundir import Attempt
 from hpcddp.run_files import rank_log
-from hpcddp.train import batches, data, ddp, ending, flops, preemption, rng, usercode
-from hpcddp.train.assembly import assemble
-from hpcddp.train.progress_report import ProgressReport
-from hpcddp.train.run_notices import RunNotices
+from hpcddp.train import batches, data, ddp, ending, evaluation, flops, preemption, rng, usercode
+from hpcddp.train.assembly import Parts, RunSetting, assemble, attach
+from hpcddp.train.hooks import Hook, Hooks, Stepped
 from hpcddp.train.state import Progress
 from hpcddp.train.stopping import Stopping
-from hpcddp.train.timeline import Timeline, since_process_start
+from hpcddp.train.timeline import since_process_start
 
 log = logging.getLogger(__name__)
 
 
 class TrainingRun:
-    """One process's side of a training run: its parts, built here, and the loop."""
+    """One process's side of a training run: its parts, its stop decisions, its hooks, the loop."""
 
-    def __init__(
-        self,
-        model_fn: Callable[..., torch.nn.Module],
-        dataset_fn: Callable[..., Any],
-        cfg: Config,
-        env: DistEnv,
-        device: torch.device,
-        run_dir: pathlib.Path,
-        stop_flag: preemption.StopFlag,
-        notices: RunNotices,
-        attempt: Attempt | None = None,
-        timeline: Timeline | None = None,
-    ) -> None:
-        self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
-        self.timeline = timeline or Timeline()
-        attempt = attempt or Attempt(job=env.slurm_job, nodes=(env.hostname,))
-        # stop_flag: the caller's, for the whole run (a signal during set-up is a clean stop)
-        self.parts = assemble(model_fn, dataset_fn, cfg, env, device, run_dir)
-        self.stopping = Stopping(cfg, env, stop_flag, self.parts.vote, attempt, run_dir)
-        self.beat = hang.Beat()  # the hang watchdog's view of the loop (`hpcddp.comm.watchdog`)
-        self.report = ProgressReport(cfg, env, device, self.parts, self.timeline, self.beat)
+    def __init__(self, parts: Parts, stopping: Stopping, hooks: Hooks, setting: RunSetting) -> None:
+        self.parts, self.stopping, self.hooks = parts, stopping, hooks
+        self.cfg, self.env, self.device = setting.cfg, setting.env, setting.device
+        self.run_dir, self.timeline, self.setting = setting.run_dir, setting.timeline, setting
         self.progress = Progress()
         self.buffers_ready = False  # rank 0's snapshot buffers, allocated after the first step
-        self.train_ended = 0.0
-        self.notices = notices  # rank 0 posts
+        self.last_eval: dict[str, float] | None = None
 
     def execute(self) -> RunOutcome:
         """Resume, train to the end (or a clean stop), then summarize."""
         try:
-            self._settle_buckets()
-            self._resume()
-            self.stopping.started = {
-                "started": round(time.time() - since_process_start(), 3),
-                "loaded": round(time.time(), 3),
-            }
-            collector.resume()  # start-up is over; the collectives below line the ranks up
-            collectives.on_rank_zero(
-                lambda: self.parts.reports.open(self.run_dir, self.progress.step),
-                self.env.rank,
-                "open metrics.jsonl",
-            )
-            self.stopping.read_deadline()
-            self.notices.started(self.progress.step)
-            self.parts.clock.restart()  # start-up is no step's time
-            with self._watched():
-                reason = self._train()
-            return self.notices.completed(self._end(reason))
+            self.progress = _started(self.parts, self.stopping, self.setting)
+            self.stopping.read_deadline()  # rank 0 asks Slurm; a job too short is refused
+            self.hooks.on_start(self.progress)
+            reason = self._train()
+            self.hooks.on_train_end(self.progress, reason)
+            outcome = self._end(reason)
+            self.hooks.on_end(outcome)
+            return outcome
         except Exception as err:
-            with rank_log(self.run_dir, self.env.rank).open("a") as log_file:
-                faulthandler.dump_traceback(log_file)  # every thread's stack, for post-mortems
-            explained = failures.explain(err, self.env, self.cfg.dist.timeout_s)
-            explained = usercode.blame(explained, self.env, "your code in training")
-            self.notices.failed(explained, self.progress.step)
+            explained = _explained(err, self.env, self.cfg.dist.timeout_s, self.run_dir)
+            self.hooks.on_failure(explained, self.progress.step)
             if explained is err:
                 raise
             raise explained from err
         finally:
-            self.report.close()
-            self.notices.close()
-
-    @contextlib.contextmanager
-    def _watched(self) -> Iterator[None]:
-        """The training steps under the hang watchdog (when dist.hang_timeout_s is set)."""
-        self.beat.step = self.progress.step
-        attempt, dist_cfg = self.stopping.attempt, self.cfg.dist
-        stacks = attempts.hang_dir(self.run_dir, attempt.job, attempt.restart)
-        dog = watchdog.watching(
-            self.beat, dist_cfg.hang_timeout_s, dist_cfg.hang_slow_phase_s, self.env, stacks,
-            attempt.restart,
-        )  # fmt: skip
-        try:
-            yield
-        finally:
-            if dog is not None:
-                dog.stop()
-
-    def _settle_buckets(self) -> None:
-        """DDP's bucket layout fixed (and FLOPs counted, the guard's probe found) before step 1.
-
-        Before resume: its forward may read the dataset, which may draw random numbers.
-        """
-        parts, t = self.parts, self.cfg.train
-        first = ddp.first_batch(parts.train_loader.dataset, self.cfg.data.batch_size)
-        with (
-            self.timeline.phase("buckets"),
-            flops.counting(t.count_flops and not t.compile) as counted,
-            parts.guard.find_probe(parts.model),
-        ):
-            on_device = batches.to_device(first, self.device)
-            ddp.settle_buckets(parts.ddp, parts.model, on_device, t.precision, parts.task)
-        parts.reports.flops_per_sample = counted() / max(batches.size_of(first), 1)
-
-    def _resume(self) -> None:
-        """Continue from the latest checkpoint, or start each rank's own random stream.
-
-        With run.resume=false the run directory was found empty, or moved aside, or holds an
-        earlier attempt of this same job (`hpcddp.records.rundir`): what is there is ours.
-        """
-        resumed = self.parts.checkpoints.resume()
-        self.stopping.resumed_step = resumed.step if resumed else 0
-        if resumed is None:
-            rng.seed_everything(self.cfg.run.seed + self.env.rank)  # own dropout stream
-        else:
-            self.progress = resumed
+            self.hooks.close()
 
     def _train(self) -> StopReason | None:
         """Epochs of accumulation windows; a stop reason if stopped early (checkpoint saved)."""
@@ -167,12 +88,10 @@ class TrainingRun:
             started = time.perf_counter()
             logging_next = (progress.step + 1) % t.log_every_steps == 0
             loss, seen = parts.stepper.step(loader, window, progress.step + 1, logging_next)
-            if progress.step == self.stopping.resumed_step:
-                self.timeline.add("first_step", time.perf_counter() - started)
+            seconds = time.perf_counter() - started
             left -= window
             progress.batch += window
             progress.step += 1
-            self.beat.step = progress.step  # read by the hang watchdog's thread
             if progress.step == self.stopping.resumed_step + 1 and self.env.is_main:
                 self.stopping.record_start()
             if parts.guard.judge(seen, progress, self._scale):
@@ -180,32 +99,35 @@ class TrainingRun:
             if not self.buffers_ready:  # the optimizer has its state now
                 parts.checkpoints.prepare()  # host buffers for the first background save
                 self.buffers_ready = True
-            reason = self._after_step(loss, epoch_done=left == 0)
+            reason = self._after_step(loss, seconds, epoch_done=left == 0)
             if reason:
                 return reason
-            self.report.draw_bar(progress)
         if left == 0:  # not when max_steps ended the run inside the epoch
             progress.epoch += 1
             progress.batch = 0
         return None
 
-    def _after_step(self, loss: torch.Tensor, epoch_done: bool) -> StopReason | None:
-        """Log, evaluate and checkpoint on schedule; a stop reason when the run must stop now."""
+    def _after_step(
+        self, loss: torch.Tensor, seconds: float, epoch_done: bool
+    ) -> StopReason | None:
+        """Tell the hooks, evaluate and checkpoint on schedule; a stop reason to stop now."""
         parts, t, step = self.parts, self.cfg.train, self.progress.step
-        parts.reports.write(wait=False)  # if every rank's figures have arrived
         last = step == parts.total_steps
         reason = self.stopping.reason(step, last)
-        if step % t.log_every_steps == 0 or epoch_done or last or reason:
-            self.report.log_step(loss, self.progress, self._scale())
+        logged = step % t.log_every_steps == 0 or epoch_done or last or reason is not None
+        lr = float(parts.scheduler.get_last_lr()[0])
+        if logged:  # the loss every rank agrees on, and the fp16 scale: sync points
+            self.progress.last_loss = _mean_over_ranks(loss, self.env)
+        scale = self._scale() if logged else None
+        self.hooks.on_step(Stepped(self.progress, seconds, logged, reason, lr, scale))
         if _due(t.eval_every_steps, step, epoch_done, last):
-            self.report.evaluate(self.progress)
+            self._evaluate()
             parts.vote.restart(step)
         if _due(t.checkpoint_every_steps, step, epoch_done, last) or reason:
-            self.report.bar.clear()
             # CUDA reads the guard a step late: never save a bad step
             if parts.guard.judge(parts.guard.settle(), self.progress, self._scale):
                 return StopReason.NONFINITE
-            with self.report.outside_steps("checkpoint"):
+            with self.hooks.outside_steps("checkpoint"):
                 parts.checkpoints.save(self.progress, epoch_done)
             parts.vote.restart(step)
         return reason
@@ -215,29 +137,115 @@ class TrainingRun:
         scaler = self.parts.stepper.scaler
         return scaler.get_scale() if scaler is not None else None
 
+    def _evaluate(self, record: bool = True) -> dict[str, float] | None:
+        """The task's metrics over the eval set (every rank its shard), told to the hooks."""
+        parts = self.parts
+        if parts.eval_loader is None:
+            return None
+        with self.hooks.outside_steps("evaluation"):
+            ddp.sync_buffers(parts.model)
+            result = evaluation.evaluate(
+                parts.model, parts.eval_loader, parts.task, self.device, self.cfg.train.precision
+            )
+        self.last_eval = result
+        self.hooks.on_evaluation(self.progress, result, record)
+        return result
+
     def _end(self, reason: StopReason | None) -> RunOutcome:
         """Drain what is in flight, then finish, conclude a stop, or refuse a non-finite run."""
         parts = self.parts
-        self.train_ended = time.perf_counter()
-        parts.reports.write()
         parts.vote.result()  # drain the last vote so no collective is left in flight
         with self.timeline.phase("checkpoint"):
             parts.checkpoints.wait()  # a write still in the background is part of the run
         if reason == StopReason.NONFINITE:
+            latest = parts.checkpoints.store.latest_step()
             ending.refuse_nonfinite(
-                parts, self.env, self.progress, self.cfg.train.nonfinite, self.run_dir
+                parts.guard, latest, parts.hosts, self.env, self.progress, self.run_dir
             )
         if reason:
-            self.notices.stopped(reason, self.progress.step)  # before a requeue ends this process
+            self.hooks.on_stop(self.progress, reason)  # before a requeue ends this process
             return self.stopping.conclude(reason, self.progress.step)
-        evaluated = self.report.last_eval
+        evaluated = self.last_eval
         if evaluated is None and parts.eval_loader is not None:
             # a re-run of a finished run: same weights, same metrics
-            evaluated = self.report.evaluate(self.progress, record=False)
+            evaluated = self._evaluate(record=False)
         return ending.finish(
-            parts, self.env, self.progress, self.stopping, self.timeline, self.train_ended,
-            evaluated,
-        )  # fmt: skip
+            parts.model, self.env, self.progress, self.stopping, self.timeline, evaluated
+        )
+
+
+def assembled(
+    model_fn: Callable[..., torch.nn.Module],
+    dataset_fn: Callable[..., Any],
+    setting: RunSetting,
+    stop_flag: preemption.StopFlag,
+    side: Sequence[Hook],
+) -> TrainingRun:
+    """A rank's run, its parts built and its side concerns attached: hpcddp's own, then
+    ``side`` (the notices, and any hooks the user gave the trainer).
+
+    ``stop_flag`` is the caller's, for the whole run: a signal during set-up is a clean stop.
+    """
+    parts = assemble(model_fn, dataset_fn, setting)
+    stopping = Stopping(
+        setting.cfg, setting.env, stop_flag, parts.vote, setting.attempt, setting.run_dir
+    )
+    hooks = attach(setting, parts.written, parts.total_steps, side)
+    return TrainingRun(parts, stopping, hooks, setting)
+
+
+def _started(parts: Parts, stopping: Stopping, setting: RunSetting) -> Progress:
+    """Start-up: DDP's buckets settled, then where training stands: the latest checkpoint's.
+
+    Without a checkpoint each rank starts its own random stream. With run.resume=false the run
+    directory was found empty, or moved aside, or holds an earlier attempt of this same job
+    (`hpcddp.records.rundir`): what is there is ours.
+    """
+    _settle_buckets(parts, setting)  # before resume: its forward may draw random numbers
+    resumed = parts.checkpoints.resume()
+    stopping.resumed_step = resumed.step if resumed else 0
+    if resumed is None:
+        rng.seed_everything(setting.cfg.run.seed + setting.env.rank)  # own dropout stream
+    stopping.started = {
+        "started": round(time.time() - since_process_start(), 3),
+        "loaded": round(time.time(), 3),
+    }
+    collector.resume()  # start-up is over; the collectives after it line the ranks up
+    return resumed or Progress()
+
+
+def _settle_buckets(parts: Parts, setting: RunSetting) -> None:
+    """DDP's bucket layout fixed (and FLOPs counted, the guard's probe found) before step 1."""
+    t = setting.cfg.train
+    first = ddp.first_batch(parts.train_loader.dataset, setting.cfg.data.batch_size)
+    with (
+        setting.timeline.phase("buckets"),
+        flops.counting(t.count_flops and not t.compile) as counted,
+        parts.guard.find_probe(parts.model),
+    ):
+        on_device = batches.to_device(first, setting.device)
+        ddp.settle_buckets(parts.ddp, parts.model, on_device, t.precision, parts.task)
+    parts.written.flops_per_sample = counted() / max(batches.size_of(first), 1)
+
+
+def _explained(
+    err: Exception, env: DistEnv, timeout_s: float, run_dir: pathlib.Path
+) -> BaseException:
+    """What the run fails with: a peer's fault or the user's code named; every thread's stack
+    in the rank's log, for post-mortems."""
+    with rank_log(run_dir, env.rank).open("a") as log_file:
+        faulthandler.dump_traceback(log_file)
+    explained = failures.explain(err, env, timeout_s)
+    return usercode.blame(explained, env, "your code in training")
+
+
+def _mean_over_ranks(loss: torch.Tensor, env: DistEnv) -> float:
+    """The step's loss averaged over the ranks (an all-reduce: only on logged steps)."""
+    if env.distributed:
+        nccl = env.backend == "nccl"
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG if nccl else dist.ReduceOp.SUM)
+        loss = loss if nccl else loss / env.world_size
+    return float(loss.item())
 
 
 def _due(every: int, step: int, epoch_done: bool, last: bool) -> bool:

@@ -1,6 +1,6 @@
 """What rank 0 tells the webhooks (``notify.url``, ``notify.slack_url``) as a run goes: the
-trainer's side of `hpcddp.notify`. Every rank holds one; only rank 0's posts (`Notifier`'s
-``speaks``)."""
+trainer's side of `hpcddp.notify`, attached to the loop as a hook (`hpcddp.train.hooks`). Every
+rank holds one; only rank 0's posts (`Notifier`'s ``speaks``)."""
 
 from hpcddp.config import Config
 from hpcddp.errors import NonFiniteError
@@ -8,9 +8,11 @@ from hpcddp.launch.distenv import DistEnv
 from hpcddp.notify.notices import Notifier, shell_tells_failures
 from hpcddp.outcome import RunOutcome, StopReason
 from hpcddp.run_events import Event
+from hpcddp.train.hooks import Hook
+from hpcddp.train.state import Progress
 
 
-class RunNotices:
+class RunNotices(Hook):
     """started, preempted, nan, completed and failed, as this run's rank 0 sees them."""
 
     def __init__(self, cfg: Config, env: DistEnv) -> None:
@@ -51,3 +53,17 @@ class RunNotices:
     def close(self) -> None:
         """A short grace for posts not yet sent, none for answers."""
         self.notifier.close()
+
+    # -- the loop's moments (`hpcddp.train.hooks.Hook`) ---------------------------------------
+
+    def on_start(self, progress: Progress) -> None:
+        self.started(progress.step)
+
+    def on_stop(self, progress: Progress, reason: StopReason) -> None:
+        self.stopped(reason, progress.step)
+
+    def on_end(self, outcome: RunOutcome) -> None:
+        self.completed(outcome)
+
+    def on_failure(self, err: BaseException, step: int) -> None:
+        self.failed(err, step)

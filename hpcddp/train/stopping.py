@@ -35,6 +35,8 @@ SIGNAL_GRACE_S = 5.0
 class Stopping:
     """One rank's stop decisions; every rank reaches the same ones at the same step."""
 
+    grace_s = SIGNAL_GRACE_S  # a test may shorten it on its instance
+
     def __init__(
         self,
         cfg: Config,
@@ -43,10 +45,9 @@ class Stopping:
         vote: preemption.StopVote,
         attempt: Attempt,
         run_dir: pathlib.Path,
-        grace_s: float = SIGNAL_GRACE_S,
     ) -> None:
         self.cfg, self.env, self.stop_flag, self.vote = cfg, env, stop_flag, vote
-        self.attempt, self.run_dir, self.grace_s = attempt, run_dir, grace_s
+        self.attempt, self.run_dir = attempt, run_dir
         self.deadline: float | None = None  # when to stop ahead of the job's time limit
         self.resumed_step = 0  # where this attempt started
         self.started: dict[str, float] = {}  # this attempt's start times, for recovery
@@ -156,18 +157,9 @@ class Stopping:
 
     def record_attempt(self, cause: str, step: int) -> None:
         """Rank 0: this attempt's line in attempts.jsonl (`hpcddp.records.attempts`)."""
-        a = self.attempt
-        attempts.record(
-            self.run_dir,
-            job=a.job,
-            restart=a.restart,
-            nodes=list(a.nodes),
-            cause=cause,
-            step=step,
-            from_step=self.resumed_step,
-            times=self.started,
-            size=self._size(),
-        )
+        a, size = self.attempt, self._size()
+        ended = attempts.Ended(a.job, a.restart, list(a.nodes), cause, step, self.resumed_step)
+        attempts.record(self.run_dir, dataclasses.replace(ended, times=self.started, size=size))
 
     def record_start(self) -> None:
         """Rank 0, after the attempt's first step: its start times, to starts.jsonl, so that

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 from hpcddp.comm.sidegroup import side_group
+from hpcddp.train.hooks import Hook
+from hpcddp.train.state import Progress
 
 # What each rank reports per interval, in this order (a float64 vector on the wire).
 FIELDS = (
@@ -43,13 +45,14 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB
 
 
-class IntervalClock:
+class IntervalClock(Hook):
     """One rank's figures between two logging steps, kept with perf_counter only.
 
     On the CPU every step's forward / backward / optimizer split is measured as it runs. On CUDA
     the host runs ahead of the GPU, so a split is only true if the device is waited for around
     each phase: that is done on the last step of each interval alone (`measures_split`), and
-    every other step runs free.
+    every other step runs free. As a hook it leaves start-up, evaluations and saves out of the
+    step times; the stepper feeds it the rest.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -77,6 +80,12 @@ class IntervalClock:
     def exclude(self, seconds: float) -> None:
         """Leave ``seconds`` spent outside the steps (an evaluation, a save) out of step time."""
         self.started += seconds
+
+    def on_start(self, progress: Progress) -> None:
+        self.restart()
+
+    def on_resume(self, phase: str, seconds: float) -> None:
+        self.exclude(seconds)
 
     def step(self, samples: int, tokens: int, measured: bool) -> None:
         """One optimizer step done, with the samples and tokens it consumed on this rank."""

@@ -4,16 +4,23 @@ A 64-rank job that takes minutes to start hides where: imports on a cold shared 
 the rendezvous waiting for the last rank, the first step compiling kernels, a checkpoint on a
 slow disk. Each rank times its own phases (`Timeline`); at the end rank 0 gets every rank's
 times and the run summary records, per phase, the median and the slowest rank with its host
-(`summarise`).
+(`summarise`). A `Timeline` is a loop hook (`hpcddp.train.hooks`): the first step, evaluations
+and saves are timed as the loop meets them; the rest by whoever runs the phase.
 """
 
 import contextlib
 import statistics
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+from hpcddp.outcome import StopReason
+from hpcddp.train.hooks import Hook, Stepped
+
+if TYPE_CHECKING:
+    from hpcddp.train.state import Progress
 
 # In the order a run meets them. "import" is from process start to the trainer's first line.
 PHASES = (
@@ -34,11 +41,30 @@ def since_process_start() -> float:
     return max(time.time() - psutil.Process().create_time(), 0.0)
 
 
-class Timeline:
+class Timeline(Hook):
     """One rank's seconds per phase; a phase met several times (checkpoints) adds up."""
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.first_step = 1  # the attempt's first step (it compiles, warms caches)
+        self.steps_ended = 0.0  # perf_counter when the steps ended: the wind-down starts
+
+    def on_start(self, progress: "Progress") -> None:
+        self.first_step = progress.step + 1
+
+    def on_step(self, stepped: Stepped) -> None:
+        if stepped.progress.step == self.first_step:
+            self.add("first_step", stepped.seconds)
+
+    def on_resume(self, phase: str, seconds: float) -> None:
+        self.add(phase, seconds)  # an evaluation or a save
+
+    def on_train_end(self, progress: "Progress", reason: StopReason | None) -> None:
+        self.steps_ended = time.perf_counter()
+
+    def wound_down(self) -> None:
+        """The wind-down is over: its seconds since the steps ended are the "teardown"."""
+        self.add("teardown", time.perf_counter() - self.steps_ended)
 
     def add(self, phase: str, seconds: float) -> None:
         """Count ``seconds`` towards ``phase``."""

@@ -12,7 +12,7 @@ import logging
 import pathlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,9 +28,11 @@ from hpcddp.outcome import RunOutcome
 from hpcddp.records import rundir
 from hpcddp.storage.runlock import RunLock
 from hpcddp.train import preemption
+from hpcddp.train.assembly import RunSetting
 from hpcddp.train.factories import import_factory
+from hpcddp.train.hooks import Hook
 from hpcddp.train.logs import FILE_ONLY, setup_logging, teardown_logging
-from hpcddp.train.loop import TrainingRun
+from hpcddp.train.loop import assembled
 from hpcddp.train.run_notices import RunNotices
 from hpcddp.train.timeline import Timeline, since_process_start
 
@@ -41,7 +43,9 @@ class Trainer:
     """Train ``model_fn()`` on ``dataset_fn()`` with DDP as the config says.
 
     ``model_fn`` and ``dataset_fn`` may be callables or ``"package.module:function"`` paths; the
-    config's ``model.kwargs`` and ``data.kwargs`` are passed to them.
+    config's ``model.kwargs`` and ``data.kwargs`` are passed to them. ``hooks`` are side
+    concerns of your own (`hpcddp.train.hooks.Hook`), told each moment of the loop after
+    hpcddp's own, on every rank.
     """
 
     def __init__(
@@ -49,8 +53,10 @@ class Trainer:
         model_fn: Callable[..., Any] | str | None = None,
         dataset_fn: Callable[..., Any] | str | None = None,
         config: Config | None = None,
+        hooks: Sequence[Hook] = (),
     ) -> None:
         self.config = config or Config()
+        self.hooks = list(hooks)
         self.model_fn = _factory(model_fn or self.config.model.factory, "model")
         self.dataset_fn = _factory(dataset_fn or self.config.data.factory, "data")
 
@@ -138,22 +144,13 @@ class Trainer:
     ) -> RunOutcome:
         """Build and execute the run here, so nothing holds it once this returns."""
         notices = RunNotices(self.config, env)  # a run that fails while being built is told too
+        setting = RunSetting(self.config, env, device, run_dir, attempt, timeline)
         try:
             with timeline.phase("setup"):  # the model, data, optimizer and DDP: user code runs
-                run = TrainingRun(
-                    self.model_fn,
-                    self.dataset_fn,
-                    self.config,
-                    env,
-                    device,
-                    run_dir,
-                    stop_flag,
-                    notices,
-                    attempt,
-                    timeline,
-                )
+                side = [notices, *self.hooks]
+                run = assembled(self.model_fn, self.dataset_fn, setting, stop_flag, side)
         except Exception as err:
-            notices.failed(err, 0)
+            notices.on_failure(err, 0)
             notices.close()
             raise
         return run.execute()

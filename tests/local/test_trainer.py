@@ -65,7 +65,7 @@ def test_only_rank_zero_writes_and_every_rank_logs(tmp_path):
         "logs/rank-0.log",
         "logs/rank-1.log",
     }
-    assert checkpoints == ["checkpoints/step-00000016.pt", "checkpoints/step-00000016.pt.sha256"]
+    assert checkpoints == ["checkpoints/step-00000016.pt", "checkpoints/step-00000016.pt.xxh3"]
     assert summary(tmp_path)["hosts"] == [summary(tmp_path)["hosts"][0]] * 2
 
 

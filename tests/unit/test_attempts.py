@@ -23,14 +23,19 @@ def test_saved_step_reads_the_checkpoint_stores_own_names(tmp_path):
 
 def test_history_lists_every_attempt_with_its_cause_and_gain(tmp_path):
     both = ["n1", "n2"]
-    attempts.record(tmp_path, job="5", restart=0, nodes=both, cause="preempted", step=40)
+    attempts.record(
+        tmp_path, attempts.Ended(job="5", restart=0, nodes=both, cause="preempted", step=40)
+    )
     killed = "failed: task 3 on n2: Killed"
     attempts.record(
-        tmp_path, job="5", restart=1, nodes=both, cause=killed, step=55, excluded=["n2"]
+        tmp_path,
+        attempts.Ended(job="5", restart=1, nodes=both, cause=killed, step=55, excluded=["n2"]),
     )
     with open(tmp_path / attempts.FILE, "a") as f:
         f.write('{"job": "5", "cau')  # a line cut short by a crash
-    attempts.record(tmp_path, job="5", restart=2, nodes=["n1", "n3"], cause="finished", step=90)
+    attempts.record(
+        tmp_path, attempts.Ended(job="5", restart=2, nodes=["n1", "n3"], cause="finished", step=90)
+    )
     history = attempts.history(tmp_path)
     assert [(a["attempt"], a["cause"], a["steps_gained"]) for a in history] == [
         (1, "preempted", 40),

@@ -130,7 +130,9 @@ def stopping(run_dir, job: str) -> Stopping:
     env = DistEnv(0, 0, 1, 1, 0, 1, "n1", 29500, "slurm", job, environ=environ)
     vote = preemption.StopVote("gloo", distributed=False)
     flag = preemption.StopFlag()
-    return Stopping(Config(), env, flag, vote, Attempt(job=job), run_dir, grace_s=0.1)
+    made = Stopping(Config(), env, flag, vote, Attempt(job=job), run_dir)
+    made.grace_s = 0.1
+    return made
 
 
 def test_a_link_hands_on_and_a_lone_job_requeues(tmp_path, monkeypatch):
@@ -178,7 +180,9 @@ def write_summary(run_dir, status: str = "finished", mtime: float | None = None)
 
 def test_only_a_summary_written_since_the_chain_was_submitted_ends_it(tmp_path):
     chain_record.save(tmp_path, ChainRecord("c", 3, time.time(), ("11", "12", "13")))
-    attempts.record(tmp_path, job="11", restart=0, nodes=["n1"], cause="preempted", step=40)
+    attempts.record(
+        tmp_path, attempts.Ended(job="11", restart=0, nodes=["n1"], cause="preempted", step=40)
+    )
     write_summary(tmp_path, mtime=time.time() - 3600)  # an earlier run's, in the same run dir
     assert chain.rest_to_cancel(tmp_path, "11", OK, terminated=False) == ((), "")
     assert chain.ended_before(tmp_path, "12") == ((), "")
@@ -198,7 +202,9 @@ def test_the_helper_names_the_links_to_cancel_after_the_run_completed(tmp_path, 
     chain_record.save(tmp_path, ChainRecord("c", 3, time.time(), ("11", "12", "13")))
     environ = {"SLURM_JOB_ID": "11", "SLURM_JOB_NODELIST": "n1"}
     common = [f"--config={QUICKSTART}", f"run.dir={tmp_path}", "slurm.chain=3"]
-    attempts.record(tmp_path, job="11", restart=0, nodes=["n1"], cause="preempted", step=40)
+    attempts.record(
+        tmp_path, attempts.Ended(job="11", restart=0, nodes=["n1"], cause="preempted", step=40)
+    )
     assert policy.main(["after", "--status", "0", *common], environ) == 0
     assert capsys.readouterr().out == "stop 0\n"  # handed on: the next link resumes
     write_summary(tmp_path)

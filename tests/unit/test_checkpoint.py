@@ -19,6 +19,7 @@ import torch
 import xxhash
 
 from hpcddp.errors import CheckpointError, HpcddpError
+from hpcddp.records import attempts
 from hpcddp.storage.atomic import atomic_write_bytes, atomic_write_text
 from hpcddp.storage.checkpoint import CheckpointStore
 from tests.fixtures.checkpoints import read, resumed, trainer_state
@@ -37,9 +38,18 @@ def _names(directory: pathlib.Path) -> list[str]:
 
 
 def _write_sidecar(path: pathlib.Path) -> None:
-    """An integrity record that matches ``path`` exactly, so only later checks can reject it."""
+    """An integrity record that matches ``path`` exactly, so only later checks can reject it:
+    the first versions' (a whole-file sha256 in ``.sha256``)."""
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    path.with_name(path.name + ".sha256").write_text(f"{digest}  {path.name}\n")
+    _older_record(path, f"{digest}  {path.name}\n")
+
+
+def _older_record(path: pathlib.Path, text: str) -> pathlib.Path:
+    """``path``'s integrity record as an earlier version left it: ``.sha256``, no ``.xxh3``."""
+    path.with_name(path.name + ".xxh3").unlink(missing_ok=True)
+    record = path.with_name(path.name + ".sha256")
+    record.write_text(text)
+    return record
 
 
 def _dead_pid() -> int:
@@ -107,7 +117,8 @@ def test_many_small_tensors_round_trip_and_torch_settings_are_restored(tmp_path)
 def test_the_sidecar_names_xxh3_128_and_holds_the_digest_of_the_payload_bytes(tmp_path):
     store = CheckpointStore(tmp_path)
     path = store.save(7, {"w": torch.ones(4_000_003)})
-    sidecar = path.with_name(path.name + ".sha256").read_text()
+    sidecar = path.with_name(path.name + ".xxh3").read_text()
+    assert not path.with_name(path.name + ".sha256").exists()  # named for what it holds
     # What `xxhsum -H2 step-00000007.pt` prints, computed here from the bytes on disk.
     assert sidecar == f"xxh3-128:{xxhash.xxh3_128_hexdigest(path.read_bytes())}  {path.name}\n"
 
@@ -124,8 +135,7 @@ def test_a_chunked_sha256_sidecar_of_the_previous_version_still_verifies(tmp_pat
         text=True,
         check=True,
     ).stdout.split()[0]
-    record = path.with_name(path.name + ".sha256")
-    record.write_text(f"sha256-16MiB-chunks:{by_hand}  {path.name}\n")
+    _older_record(path, f"sha256-16MiB-chunks:{by_hand}  {path.name}\n")
     assert read(store, path)["w"].numel() == megabytes * 250_000 + 3
     _flip_middle(path)
     with pytest.raises(CheckpointError, match="is corrupt"):
@@ -136,16 +146,37 @@ def test_a_sidecar_with_an_old_and_a_new_scheme_verifies_the_payload_it_matches(
     """While a step saved by an older version is replaced, its sidecar lists both digests."""
     store = CheckpointStore(tmp_path)
     path = store.save(3, _state(1.0))
-    new = path.with_name(path.name + ".sha256").read_text().split()[0]
+    new = path.with_name(path.name + ".xxh3").read_text().split()[0]
     stale = hashlib.sha256(b"the payload being replaced").hexdigest()
-    path.with_name(path.name + ".sha256").write_text(f"{stale}  x\n{new}  x\n")
+    path.with_name(path.name + ".xxh3").write_text(f"{stale}  x\n{new}  x\n")
     assert read(store, path).keys() == _state(1.0).keys()
+
+
+def test_a_sidecar_an_earlier_version_named_sha256_still_verifies_until_the_step_is_saved_again(
+    tmp_path,
+):
+    """Versions before named the sidecar ``.sha256`` whatever digest it held (an XXH3-128)."""
+    store = CheckpointStore(tmp_path)
+    path = store.save(3, _state(1.0, step=3))
+    older = path.with_name(path.name + ".sha256")
+    path.with_name(path.name + ".xxh3").rename(older)
+    assert store.list_complete() == [(3, path)] and attempts.saved_step(tmp_path) == 3
+    assert resumed(tmp_path) == (3, 1.0)
+    store.save(3, _state(2.0, step=3))  # the step saved again: its record is named anew
+    assert _names(store.directory) == ["step-00000003.pt", "step-00000003.pt.xxh3"]
+    assert resumed(tmp_path) == (3, 2.0)
+    _older_record(path, path.with_name(path.name + ".xxh3").read_text())
+    _flip_middle(path)
+    with pytest.raises(
+        CheckpointError, match=r"is corrupt.*does not match step-00000003\.pt\.sha256"
+    ):
+        store.verify(path)
 
 
 def test_a_sidecar_naming_an_unknown_algorithm_is_refused_with_the_known_ones(tmp_path):
     store = CheckpointStore(tmp_path)
     path = store.save(3, _state(1.0))
-    path.with_name(path.name + ".sha256").write_text(f"md5:{'0' * 32}  {path.name}\n")
+    path.with_name(path.name + ".xxh3").write_text(f"md5:{'0' * 32}  {path.name}\n")
     with pytest.raises(CheckpointError, match="unknown digest 'md5:0+'; expected xxh3-128:"):
         read(store, path)
 
@@ -182,7 +213,7 @@ def test_keep_last_keeps_exactly_the_newest(tmp_path, steps, keep_last, kept):
         store.save(step, _state(step))
 
     assert [s for s, _ in store.list_complete()] == kept
-    expected = sorted(n for s in kept for n in (f"step-{s:08d}.pt", f"step-{s:08d}.pt.sha256"))
+    expected = sorted(n for s in kept for n in (f"step-{s:08d}.pt", f"step-{s:08d}.pt.xxh3"))
     assert _names(store.directory) == expected  # Pruned sidecars go too.
     assert store.latest_step() == kept[-1]
 
@@ -199,6 +230,7 @@ def test_list_ignores_temp_files_sidecars_and_foreign_names(tmp_path):
     store.save(3, _state())
     for name in [
         ".step-00000009.pt.tmp-host-1",
+        "step-00000009.pt.xxh3",
         "step-00000009.pt.sha256",
         "step-9.pt",
         "step-00000009.pt.bak",
@@ -213,7 +245,7 @@ def test_saving_the_same_step_again_replaces_it(tmp_path):
     store.save(4, _state(1.0))
     store.save(4, _state(2.0))
     assert resumed(tmp_path) == (0, 2.0)
-    assert len(store.path_for(4).with_name("step-00000004.pt.sha256").read_text().splitlines()) == 1
+    assert len(store.path_for(4).with_name("step-00000004.pt.xxh3").read_text().splitlines()) == 1
 
 
 def test_failed_resave_of_a_step_keeps_its_old_version(tmp_path, monkeypatch):
@@ -227,7 +259,7 @@ def test_failed_resave_of_a_step_keeps_its_old_version(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="step 4 not saved.*Input/output error.*HINT:"):
         store.save(4, _state(2.0))
     assert resumed(tmp_path) == (0, 1.0)
-    assert _names(store.directory) == ["step-00000004.pt", "step-00000004.pt.sha256"]
+    assert _names(store.directory) == ["step-00000004.pt", "step-00000004.pt.xxh3"]
 
 
 # -- crashes mid-write ---------------------------------------------------------------------------
@@ -239,12 +271,14 @@ def test_leftover_temp_file_is_never_loaded_and_is_cleaned_by_next_save(tmp_path
     leftover = store.directory / f".step-00000002.pt.tmp-{socket.gethostname()}-{_dead_pid()}"
     leftover.write_bytes(b"half a checkpoint")
 
-    orphan_record = store.directory / "step-00000002.pt.sha256"  # Killed before the rename.
-    orphan_record.write_text(f"{'0' * 64}  step-00000002.pt\n")
+    orphan_record = store.directory / "step-00000002.pt.xxh3"  # Killed before the rename.
+    orphan_record.write_text(f"xxh3-128:{'0' * 32}  step-00000002.pt\n")
+    older_orphan = store.directory / "step-00000005.pt.sha256"  # an earlier version's
+    older_orphan.write_text(f"{'0' * 64}  step-00000005.pt\n")
 
     assert resumed(tmp_path) == (0, 1.0)
     store.save(3, _state(3.0))
-    assert not leftover.exists() and not orphan_record.exists()
+    assert not leftover.exists() and not orphan_record.exists() and not older_orphan.exists()
 
 
 def test_temp_file_of_a_live_writer_is_left_alone(tmp_path):
@@ -325,11 +359,15 @@ def _text_with_valid_record(path):
 
 
 def _missing_sidecar(path):
-    path.with_name(path.name + ".sha256").unlink()
+    path.with_name(path.name + ".xxh3").unlink()
 
 
 def _garbage_sidecar(path):
-    path.with_name(path.name + ".sha256").write_text("not a digest\n")
+    path.with_name(path.name + ".xxh3").write_text("not a digest\n")
+
+
+def _garbage_older_sidecar(path):
+    _older_record(path, "not a digest\n")
 
 
 @pytest.mark.parametrize(
@@ -341,6 +379,7 @@ def _garbage_sidecar(path):
         _text_with_valid_record,
         _missing_sidecar,
         _garbage_sidecar,
+        _garbage_older_sidecar,
     ],
 )
 def test_broken_latest_falls_back_with_warning(tmp_path, caplog, damage):
@@ -421,7 +460,7 @@ def test_disk_full_raises_clear_error_and_keeps_previous(tmpfs):
     assert "disk is full" in message and "No space left" in message
     assert str(store.directory) in message and "needed at least 4000000 bytes" in message
     assert "HINT:" in message and "\n" not in message
-    assert _names(store.directory) == ["step-00000001.pt", "step-00000001.pt.sha256"]
+    assert _names(store.directory) == ["step-00000001.pt", "step-00000001.pt.xxh3"]
     assert torch.equal(read(store, store.path_for(1))["w"], torch.ones(10_000))
 
 
@@ -452,7 +491,7 @@ def test_unserialisable_state_leaves_no_trace(tmp_path):
     store.save(1, _state(1.0))
     with pytest.raises(CheckpointError, match="cannot be serialised.*HINT:"):
         store.save(2, {"fn": lambda: None})
-    assert _names(store.directory) == ["step-00000001.pt", "step-00000001.pt.sha256"]
+    assert _names(store.directory) == ["step-00000001.pt", "step-00000001.pt.xxh3"]
 
 
 @pytest.mark.parametrize(

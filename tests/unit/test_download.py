@@ -52,7 +52,7 @@ def _free_port() -> int:
 
 
 def test_http_download_writes_file(server, tmp_path):
-    dest = download(f"{server.url}/one.bin", tmp_path / "sub" / "one.bin", progress=False)
+    dest = download(f"{server.url}/one.bin", tmp_path / "sub" / "one.bin")
     assert dest == tmp_path / "sub" / "one.bin"
     assert dest.read_bytes() == PAYLOAD
     assert os.listdir(dest.parent) == ["one.bin"]  # no temporary file left behind
@@ -72,13 +72,13 @@ def test_missing_file_url_names_it(tmp_path):
 
 
 def test_checksum_ok(server, tmp_path):
-    dest = download(f"{server.url}/ok.bin", tmp_path / "ok.bin", PAYLOAD_SHA, progress=False)
+    dest = download(f"{server.url}/ok.bin", tmp_path / "ok.bin", PAYLOAD_SHA)
     assert hashlib.sha256(dest.read_bytes()).hexdigest() == PAYLOAD_SHA
 
 
 def test_checksum_mismatch_leaves_nothing(server, tmp_path):
     with pytest.raises(DownloadError) as err:
-        download(f"{server.url}/bad.bin", tmp_path / "bad.bin", WRONG_SHA, progress=False)
+        download(f"{server.url}/bad.bin", tmp_path / "bad.bin", WRONG_SHA)
     message = str(err.value)
     assert WRONG_SHA in message and PAYLOAD_SHA in message and "HINT:" in message
     assert os.listdir(tmp_path) == []
@@ -100,17 +100,17 @@ def test_connection_refused_names_url(tmp_path):
 @pytest.mark.parametrize("sha", [None, PAYLOAD_SHA])
 def test_second_run_skips_the_network(server, tmp_path, sha):
     url = f"{server.url}/again-{sha is None}.bin"
-    download(url, tmp_path / "a.bin", sha, progress=False)
+    download(url, tmp_path / "a.bin", sha)
     before = server.count(url.removeprefix(server.url))
     assert before == 1
-    download(url, tmp_path / "a.bin", sha, progress=False)
+    download(url, tmp_path / "a.bin", sha)
     assert server.count(url.removeprefix(server.url)) == before
 
 
 def test_existing_wrong_file_is_downloaded_again(server, tmp_path):
     dest = tmp_path / "w.bin"
     dest.write_bytes(b"stale")
-    download(f"{server.url}/w.bin", dest, PAYLOAD_SHA, progress=False)
+    download(f"{server.url}/w.bin", dest, PAYLOAD_SHA)
     assert dest.read_bytes() == PAYLOAD
     assert server.count("/w.bin") == 1
 
@@ -218,7 +218,7 @@ def _scenarios(url: str, tmp: pathlib.Path, node: int) -> dict:
     """What one rank sees in each scenario; run in every rank, in the same order."""
     shared = tmp / "shared"
     return {
-        "a": lambda: download(f"{url}/a.bin", shared / "a.bin", PAYLOAD_SHA, progress=False),
+        "a": lambda: download(f"{url}/a.bin", shared / "a.bin", PAYLOAD_SHA),
         "a_again": lambda: download(f"{url}/a.bin", shared / "a.bin", PAYLOAD_SHA),
         "b": lambda: download(f"{url}/b.bin", tmp / f"node{node}" / "b.bin", local=True),
         "c_sha": lambda: download(f"{url}/c.bin", shared / "c.bin", WRONG_SHA, timeout_s=600),

@@ -8,7 +8,7 @@ import torch
 
 from hpcddp.config import Config
 from hpcddp.launch.resolve import resolve_env
-from hpcddp.train.step_reports import Reports
+from hpcddp.train.metrics_writer import MetricsWriter
 
 
 def test_the_resumed_line_records_the_restart_count_of_the_resolved_environment(
@@ -16,7 +16,7 @@ def test_the_resumed_line_records_the_restart_count_of_the_resolved_environment(
 ):
     env = resolve_env({"SLURM_RESTART_COUNT": "2"}, cuda_devices=lambda: 0)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "7")  # the process environment says otherwise
-    reports = Reports(Config(), env, torch.device("cpu"), [env.hostname])
+    reports = MetricsWriter(Config(), env, torch.device("cpu"), [env.hostname])
     reports.open(tmp_path, step=10)
     reports.close()
     (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

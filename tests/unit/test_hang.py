@@ -176,10 +176,9 @@ def test_two_ranks_stall_and_only_the_one_outside_the_collective_is_ended(tmp_pa
     for rank, main in enumerate(mains):
         main.start()
         beat = hang.Beat(step=12)
-        place = Place(rank, 2, f"n{rank}", tmp_path / "hang")
+        place = Place(rank, 2, f"n{rank}", tmp_path / "hang", main.ident)
         dog = Watchdog(beat, hang.Budget(5.0, 50.0), place, store, clock=clock,
-                       end=lambda status, rank=rank: ended.setdefault(rank, status),
-                       main_thread=main.ident)  # fmt: skip
+                       end=lambda status, rank=rank: ended.setdefault(rank, status))  # fmt: skip
         dog.timer = hang.StallTimer(dog.budget, first_step=0, now=clock())  # past its first step
         dog.timer.stalled_s(beat.step, hang.STEPS, clock())  # its last step was done now
         dogs.append(dog.start())
@@ -225,10 +224,9 @@ def test_a_hang_in_the_last_step_names_the_rank_still_in_it(tmp_path):
     ended: dict[int, int] = {}
     dogs = []
     for rank, step in ((0, 96), (1, 95)):
-        place = Place(rank, 2, f"n{rank}", tmp_path / "hang")
+        place = Place(rank, 2, f"n{rank}", tmp_path / "hang", main.ident)
         dog = Watchdog(hang.Beat(step=step), hang.Budget(5.0, 50.0), place, store, clock=clock,
-                       end=lambda status, rank=rank: ended.setdefault(rank, status),
-                       main_thread=main.ident)  # fmt: skip
+                       end=lambda status, rank=rank: ended.setdefault(rank, status))  # fmt: skip
         dog.timer = hang.StallTimer(dog.budget, first_step=0, now=clock())
         dog.timer.stalled_s(step, hang.STEPS, clock())  # its last step was done now
         dogs.append(dog.start())
@@ -273,10 +271,9 @@ def test_a_rank_too_stuck_to_report_is_named_with_its_host_and_the_decider_ends(
     ended: dict[int, int] = {}
     dogs = []
     for rank, budget in ((0, hang.Budget(5.0, 50.0)), (1, hang.Budget(1e6, 1e7))):
-        place = Place(rank, 2, f"n{rank}", tmp_path / "hang")
+        place = Place(rank, 2, f"n{rank}", tmp_path / "hang", main.ident)
         dog = Watchdog(hang.Beat(step=12), budget, place, store, clock=clock,
-                       end=lambda status, rank=rank: ended.setdefault(rank, status),
-                       main_thread=main.ident)  # fmt: skip
+                       end=lambda status, rank=rank: ended.setdefault(rank, status))  # fmt: skip
         dog.timer = hang.StallTimer(dog.budget, first_step=0, now=clock())
         dog.timer.stalled_s(12, hang.STEPS, clock())
         dogs.append(dog.start())

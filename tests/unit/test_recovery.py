@@ -17,8 +17,9 @@ def fail_then_restart(run_dir, detected: float | None = FAILED_AT) -> None:
     """Attempt 0 failed (its helper wrote the line); attempt 1 started and stepped."""
     run_dir.mkdir(parents=True, exist_ok=True)
     times = {"detected": detected} if detected is not None else None
-    attempts.record(run_dir, job="5", restart=0, nodes=["n1"], cause="failed: rank 1 on n1: hung",
-                    step=40, from_step=0, excluded=["n1"], times=times)  # fmt: skip
+    hung = "failed: rank 1 on n1: hung"
+    ended = attempts.Ended("5", 0, ["n1"], hung, step=40, from_step=0, excluded=["n1"], times=times)
+    attempts.record(run_dir, ended)
     lines = (run_dir / attempts.FILE).read_text().splitlines()
     failure = {**json.loads(lines[0]), "time": FAILED_AT + 2.0}  # all ranks gone 2 s later
     (run_dir / attempts.FILE).write_text(json.dumps(failure) + "\n")
@@ -45,7 +46,8 @@ def test_a_death_is_detected_when_its_step_ends_and_a_restart_not_yet_stepped_sh
 ):
     tmp_path.mkdir(exist_ok=True)
     killed = "failed: task 3 on n1: Killed"
-    attempts.record(tmp_path, job="5", restart=0, nodes=["n1"], cause=killed, step=40, from_step=0)
+    ended = attempts.Ended(job="5", restart=0, nodes=["n1"], cause=killed, step=40, from_step=0)
+    attempts.record(tmp_path, ended)
     recovery = attempts.last_recovery(tmp_path)
     assert recovery is not None and recovery.detected == recovery.gone
     assert recovery.as_line().endswith("ranks gone +0.0 s, started -, checkpoint loaded -, "

@@ -26,7 +26,9 @@ def stopping(tmp_path, end: float, seen: set[int], grace_s: float = 0.2) -> Stop
     flag = preemption.StopFlag()
     flag.seen = set(seen)
     vote = preemption.StopVote("gloo", distributed=False)
-    return Stopping(Config(), env, flag, vote, Attempt(job="42"), tmp_path, grace_s=grace_s)
+    made = Stopping(Config(), env, flag, vote, Attempt(job="42"), tmp_path)
+    made.grace_s = grace_s
+    return made
 
 
 def test_a_job_ending_now_without_a_signal_is_refused(tmp_path):

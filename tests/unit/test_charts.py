@@ -65,6 +65,16 @@ def test_out_path_is_honoured_and_parents_created(tmp_path):
     assert out.read_bytes().startswith(PNG_MAGIC)
 
 
+def test_the_title_says_which_loss_is_the_train_one_and_which_the_evals(tmp_path):
+    _write_metrics(tmp_path)
+    caption = charts._caption(charts.read_metrics(tmp_path / "metrics.jsonl"))
+    train = 2.5 * math.exp(-200 / 80) + 0.3
+    evaluated = 2.4 * math.exp(-200 / 90) + 0.35
+    assert (
+        caption == f"step 200, train loss {train:.4g}, eval loss {evaluated:.4g}, eval accuracy 0.9"
+    )
+
+
 def test_train_lines_only_still_plot(tmp_path):
     _write_metrics(tmp_path, eval_every=10**9)
     assert charts.plot_run(tmp_path).read_bytes().startswith(PNG_MAGIC)

@@ -1,9 +1,11 @@
-"""What a run reports about itself: rank 0's metrics.jsonl and trackers, and every rank's share
-of the per-interval telemetry that goes into them.
+"""The run's record on disk: metrics.jsonl and the trackers (rank 0), each logged step's line
+carrying every rank's telemetry.
 
 A logged step's line waits for the figures of every rank (`hpcddp.train.telemetry`), which
-arrive in the background; `Reports.write` is asked after each step and writes the line once
-they are here, waiting for them only at the next logging step, an evaluation or the end.
+arrive in the background; `MetricsWriter.write` is asked after each step and writes the line
+once they are here, waiting for them only at the next logging step, an evaluation or the end.
+It attaches to the loop as a hook (`hpcddp.train.hooks`). What a person watching reads (the
+log's lines and the progress bar) is `hpcddp.train.progress_log`.
 """
 
 import logging
@@ -12,25 +14,38 @@ from typing import Any
 
 import torch
 
+from hpcddp.comm import collectives
 from hpcddp.config import Config
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.outcome import StopReason
 from hpcddp.records import provenance
 from hpcddp.records.metrics_log import MetricsLog
 from hpcddp.records.tracking import Tracker
 from hpcddp.run_files import metrics_path
 from hpcddp.train import flops, telemetry
+from hpcddp.train.hooks import Hook, Stepped
+from hpcddp.train.state import Progress
 
 log = logging.getLogger(__name__)
 
 SLOW_RANK_WARNING = 1.5  # a rank with this many times the median own work is named in the log
 
 
-class Reports:
-    """One rank's reporting: the telemetry gather on every rank, the files on rank 0."""
+class MetricsWriter(Hook):
+    """Writes metrics.jsonl and the trackers (rank 0) from every rank's gathered telemetry."""
 
-    def __init__(self, cfg: Config, env: DistEnv, device: torch.device, hosts: list[str]) -> None:
-        self.cfg, self.env, self.hosts = cfg, env, hosts
-        # creating its side group is a collective: every rank builds Reports at the same point
+    def __init__(
+        self,
+        cfg: Config,
+        env: DistEnv,
+        device: torch.device,
+        hosts: list[str],
+        clock: telemetry.IntervalClock | None = None,
+        run_dir: pathlib.Path | None = None,
+    ) -> None:
+        self.cfg, self.env, self.hosts, self.run_dir = cfg, env, hosts, run_dir
+        self.clock = clock or telemetry.IntervalClock(device)  # the stepper's, in a run
+        # creating its side group is a collective: every rank builds its writer at the same point
         self.figures = telemetry.RankFigures(env.rank, env.world_size, hosts, cfg.dist.timeout_s)
         self.peak_flops = flops.peak_flops(device, cfg.train.precision, cfg.train.peak_tflops)
         self.flops_per_sample = 0.0  # counted on the bucket-settling pass
@@ -68,6 +83,38 @@ class Reports:
             "versions": code.get("versions", {}),
         }
 
+    # -- the loop's moments (`hpcddp.train.hooks.Hook`) ---------------------------------------
+
+    def on_start(self, progress: Progress) -> None:
+        run_dir = self.run_dir
+        assert run_dir is not None, "a MetricsWriter attached to a run is given its directory"
+        collectives.on_rank_zero(
+            lambda: self.open(run_dir, progress.step), self.env.rank, "open metrics.jsonl"
+        )
+
+    def on_step(self, stepped: Stepped) -> None:
+        """A logged step's line goes out with this rank's interval; otherwise, a line whose
+        figures have all arrived is written (a step never waits for them)."""
+        if not stepped.logged:
+            self.write(wait=False)
+            return
+        progress = stepped.progress
+        line = {"step": progress.step, "epoch": progress.epoch, "loss": progress.last_loss}
+        line["lr"] = stepped.lr
+        if stepped.loss_scale is not None:
+            line["loss_scale"] = stepped.loss_scale
+        self.send(line, self.clock.close_interval())
+
+    def on_evaluation(self, progress: Progress, metrics: dict[str, float], record: bool) -> None:
+        self.write()  # the step's line before its evaluation's
+        if record:
+            self.record(step=progress.step, epoch=progress.epoch, **metrics)
+
+    def on_train_end(self, progress: Progress, reason: StopReason | None) -> None:
+        self.write()  # the last line: every rank waits for the last gather
+
+    # -- the lines -----------------------------------------------------------------------------
+
     def send(self, line: dict[str, Any], interval: torch.Tensor) -> None:
         """A logging step: post this rank's ``interval`` figures; hold rank 0's ``line``."""
         self.write()  # the previous interval's, if its gather was slow
@@ -99,11 +146,16 @@ class Reports:
     def _warn_if_slow(self, step: int, figures: dict[str, Any]) -> None:
         slow = figures["slowest_vs_median"]
         if self.env.world_size > 1 and slow >= SLOW_RANK_WARNING:
+            first = step - self.cfg.train.log_every_steps + 1
+            rank, host = figures["slowest_rank"], figures["slowest_host"]
             log.warning(
                 "rank %d on %s is %.2fx slower than the median rank (steps %d..%d)",
-                figures["slowest_rank"], figures["slowest_host"], slow,
-                step - self.cfg.train.log_every_steps + 1, step,
-            )  # fmt: skip
+                rank,
+                host,
+                slow,
+                first,
+                step,
+            )
 
     def record(self, **record: Any) -> None:
         """Any other line (an evaluation's), on rank 0."""
