@@ -8,6 +8,8 @@ since the tests share the GPUs). Rows marked ``gpus(n)`` need n GPUs; on a machi
 they are deselected, not skipped, and the summary names each of them and what it needs.
 """
 
+import pathlib
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from tests.fixtures.helpers import clear_launcher_environment
 
 collect_ignore_glob = [] if torch.cuda.is_available() else ["test_*.py"]
 
+HERE = pathlib.Path(__file__).parent
 _LEFT_OUT: list[tuple[str, int]] = []  # (test id, GPUs it needs) of the rows deselected here
 
 
@@ -24,9 +27,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Rows that need more GPUs than this node has are deselected and remembered."""
+    """Rows that need more GPUs than this node has are deselected and remembered.
+
+    pytest hands this hook every item of the session, not only this folder's: the other tiers'
+    items are left alone."""
     have = torch.cuda.device_count()
-    needs = {item.nodeid: _needs(item) for item in items}
+    needs = {item.nodeid: _needs(item) for item in items if HERE in item.path.parents}
     left_out = needing_more_gpus(needs, have)
     if not left_out:
         return
