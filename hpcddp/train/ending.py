@@ -54,6 +54,7 @@ def finish(
         stopping.record_attempt("finished", progress.step)
         summary.attempts = attempts.history(run_dir)
         write_summary(run_dir, summary)
+    parts.reports.ending = "finished"  # the trackers close the run as finished
     if env.is_main:
         log.info("finished: %d steps, final loss %.4f, weights %s",
                  progress.step, progress.last_loss, digest[:12])  # fmt: skip
@@ -78,4 +79,5 @@ def refuse_nonfinite(
                                 latest_checkpoint=latest, message=text)  # fmt: skip
         summary.steps = step
         write_summary(run_dir, summary)
+    parts.reports.ending = "failed"  # the trackers close the run as failed
     raise NonFiniteError(text)

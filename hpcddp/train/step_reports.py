@@ -34,6 +34,9 @@ class Reports:
         self.peak_flops = flops.peak_flops(device, cfg.train.precision, cfg.train.peak_tflops)
         self.flops_per_sample = 0.0  # counted on the bucket-settling pass
         self.metrics: MetricsLog | None = None  # rank 0's, once opened
+        # how the attempt ended, for the trackers (`hpcddp.train.ending` says finished or
+        # failed); anything else, a crash too, may be resumed by a later attempt
+        self.ending = "stopped"
         self.pending: dict[str, Any] | None = None  # rank 0's logged step, awaiting its figures
         self.latest: dict[str, Any] = {}  # the last figures written (for the progress bar)
 
@@ -112,4 +115,4 @@ class Reports:
     def close(self) -> None:
         """Flush and close metrics.jsonl and the trackers (rank 0)."""
         if self.metrics is not None:
-            self.metrics.close()
+            self.metrics.close(self.ending)
