@@ -21,9 +21,10 @@ def rows(sweep_dir: pathlib.Path) -> list[dict]:
 
 def test_a_local_sweep_runs_every_point_with_its_own_value(tmp_path):
     sweep_dir = tmp_path / "sweep"
+    # one rank a point is enough to tell the points apart
     submitted = run_cli(
         "sweep", QUICKSTART, "--grid", "optim.lr=0.001,0.1", "--cluster", "local",
-        f"run.dir={sweep_dir}", *TINY, "train.log_every_steps=1",
+        f"run.dir={sweep_dir}", *TINY, "train.log_every_steps=1", "slurm.tasks_per_node=1",
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     printed_dir, job = submitted.stdout.split()
