@@ -69,8 +69,9 @@ class MetricsLog:
         if self.tracker is not None and "event" not in record:
             self.tracker.log(int(record.get("step", 0)), record)
 
-    def close(self) -> None:
-        """Flush and close the file and the trackers."""
+    def close(self, ending: str = "stopped") -> None:
+        """Flush and close the file and the trackers, telling them how this attempt ended
+        (`hpcddp.records.tracking.ENDINGS`)."""
         self._file.close()
         if self.tracker is not None:
-            self.tracker.close()
+            self.tracker.close(ending)

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pathlib
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -25,6 +26,10 @@ from hpcddp.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _EXTRA = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny"}
+# How an attempt ended, for the trackers' own run states: trained to the end, failed (an
+# error, a non-finite loss), or stopped to be resumed (preempted, handed on, asked, killed).
+FINISHED, FAILED, STOPPED = "finished", "failed", "stopped"
+ENDINGS = (FINISHED, FAILED, STOPPED)
 
 
 class Backend(abc.ABC):
@@ -42,8 +47,9 @@ class Backend(abc.ABC):
         """Record ``values`` at ``step``."""
 
     @abc.abstractmethod
-    def close(self) -> None:
-        """Flush and release files (the run stays resumable)."""
+    def close(self, ending: str) -> None:
+        """Flush and release files, saying how this attempt ended (`ENDINGS`); a stopped run
+        stays resumable."""
 
 
 class TensorBoard(Backend):
@@ -63,8 +69,8 @@ class TensorBoard(Backend):
         for key, value in values.items():
             self.writer.add_scalar(key, value, step)
 
-    def close(self) -> None:
-        self.writer.close()
+    def close(self, ending: str) -> None:
+        self.writer.close()  # event files hold no run state: the curves say it
 
 
 class WandB(Backend):
@@ -91,8 +97,10 @@ class WandB(Backend):
     def log(self, step: int, values: Mapping[str, float]) -> None:
         self.run.log(dict(values), step=step)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, ending: str) -> None:
+        if ending == STOPPED:
+            self.run.mark_preempting()  # W&B's word for a run that will be resumed
+        self.run.finish(exit_code=1 if ending == FAILED else 0)
 
 
 class MLflow(Backend):
@@ -110,6 +118,7 @@ class MLflow(Backend):
         )
         if state.mlflow_run_id:
             self.run_id = state.mlflow_run_id
+            self.client.update_run(self.run_id, status="RUNNING")  # resumed: running again
             return
         experiment = self.client.get_experiment_by_name(state.project)
         experiment_id = (
@@ -121,11 +130,17 @@ class MLflow(Backend):
         state.mlflow_run_id = self.run_id
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
-        for key, value in values.items():
-            self.client.log_metric(self.run_id, key.replace("/", "_"), value, step=step)
+        """One request per logged step, not one per value (a tracking server is remote)."""
+        from mlflow.entities import Metric
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id, status="KILLED")  # a later attempt may resume
+        now = int(time.time() * 1000)
+        metrics = [Metric(k.replace("/", "_"), v, now, step) for k, v in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def close(self, ending: str) -> None:
+        # KILLED for a stop: a later attempt resumes the run and sets it RUNNING again
+        status = {FINISHED: "FINISHED", FAILED: "FAILED"}.get(ending, "KILLED")
+        self.client.set_terminated(self.run_id, status=status)
 
 
 _CLASSES: dict[str, type[Backend]] = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow}
@@ -142,6 +157,22 @@ class RunState:
         self.resume_step = resume_step
         self.mlflow_run_id: str = saved.get("mlflow_run_id", "")
         self.written: dict[str, int] = {k: int(v) for k, v in saved.get("written", {}).items()}
+        # the keys written at that last step: an evaluation's line shares its step with the
+        # step's own line, and must not be taken for a repeat of it
+        self.keys: dict[str, list[str]] = {k: list(v) for k, v in saved.get("keys", {}).items()}
+
+    def unwritten(self, backend: str, step: int, values: Mapping[str, float]) -> dict[str, float]:
+        """The values not yet written for ``step`` (none for a step before the last one
+        written), now counted as written."""
+        last = self.written.get(backend, -1)
+        done = set(self.keys.get(backend, [])) if step == last else set()
+        if step < last:
+            return {}
+        new = {k: v for k, v in values.items() if k not in done}
+        if new:
+            self.written[backend] = step
+            self.keys[backend] = sorted(done | set(new))
+        return new
 
     def _read(self) -> dict[str, Any]:
         try:
@@ -159,6 +190,7 @@ class RunState:
             "run_id": self.run_id,
             "mlflow_run_id": self.mlflow_run_id,
             "written": self.written,
+            "keys": self.keys,
         }
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_text(json.dumps(record))
@@ -191,16 +223,19 @@ class Tracker:
         for backend in self.backends:
             if backend.rewrites:
                 backend.log(step, numbers)
-            elif step > self.state.written.get(backend.name, -1):
-                self.state.written[backend.name] = step
+                continue
+            new = self.state.unwritten(backend.name, step, numbers)
+            if new:
                 self.state.save()  # before the write: a crash may lose a point, never double it
-                backend.log(step, numbers)
+                backend.log(step, new)
 
-    def close(self) -> None:
-        """Close every backend; one that fails to close is reported, the others still close."""
+    def close(self, ending: str = STOPPED) -> None:
+        """Close every backend, telling it how this attempt ended (`ENDINGS`; unknown: stopped,
+        which a later attempt may resume); one that fails to close is reported, the others
+        still close."""
         for backend in self.backends:
             try:
-                backend.close()
+                backend.close(ending)
             except Exception as err:  # a tracking library's own failure must not fail the run
                 log.warning("closing %s failed: %s", backend.name, err)
 

@@ -8,6 +8,7 @@ latest checkpoint.
 import os
 import pathlib
 
+from hpcddp.errors import ConfigError
 from hpcddp.records import sweep_manifest
 from hpcddp.slurm import queue as slurm_queue
 from hpcddp.slurm.submission import LocalRun, SlurmRun
@@ -27,7 +28,21 @@ def retry_failed(
     """
     sweep_dir = pathlib.Path(sweep_dir)
     manifest = sweep_manifest.read(sweep_dir)
+    _refuse_moved(sweep_dir, manifest)
     indices = [row.index for row in sweep_rows(sweep_dir, run) if row.retryable]
     if not indices:
         return []
     return submit_points(manifest, indices, cluster or manifest.arrays[-1].cluster)
+
+
+def _refuse_moved(sweep_dir: pathlib.Path, manifest: sweep_manifest.Manifest) -> None:
+    """A moved sweep directory's manifest still names where it was made, and its points'
+    run directories with it: retrying would resume nothing and write where the sweep was."""
+    made = pathlib.Path(manifest.config.get("run", {}).get("dir") or sweep_dir)
+    if made.exists() and made.samefile(sweep_dir):
+        return
+    if made.absolute() != sweep_dir.absolute():
+        raise ConfigError(
+            f"{sweep_dir} was made as {made}: its points' run directories are recorded there. "
+            f"HINT: the sweep directory was moved; move it back to {made} to retry it."
+        )

@@ -16,11 +16,12 @@ import torch
 
 from hpcddp.comm import collectives
 from hpcddp.config import Config
+from hpcddp.errors import NonFiniteError
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.outcome import StopReason
+from hpcddp.outcome import RunOutcome, StopReason
 from hpcddp.records import provenance
 from hpcddp.records.metrics_log import MetricsLog
-from hpcddp.records.tracking import Tracker
+from hpcddp.records.tracking import FAILED, FINISHED, STOPPED, Tracker
 from hpcddp.run_files import metrics_path
 from hpcddp.train import flops, telemetry
 from hpcddp.train.hooks import Hook, Stepped
@@ -50,6 +51,9 @@ class MetricsWriter(Hook):
         self.peak_flops = flops.peak_flops(device, cfg.train.precision, cfg.train.peak_tflops)
         self.flops_per_sample = 0.0  # counted on the bucket-settling pass
         self.metrics: MetricsLog | None = None  # rank 0's, once opened
+        # how the attempt ended, for the trackers (`on_end` and `on_failure` say finished or
+        # failed); anything else, a crash too, may be resumed by a later attempt
+        self.ending = STOPPED
         self.pending: dict[str, Any] | None = None  # rank 0's logged step, awaiting its figures
         self.latest: dict[str, Any] = {}  # the last figures written (for the progress bar)
 
@@ -162,7 +166,17 @@ class MetricsWriter(Hook):
         if self.metrics is not None:
             self.metrics.write(**record)
 
+    def on_end(self, outcome: RunOutcome) -> None:
+        """A run that trained to its end closes its tracking runs as finished."""
+        if outcome.finished:
+            self.ending = FINISHED
+
+    def on_failure(self, err: BaseException, step: int) -> None:
+        """A non-finite stop closes them as failed; any other failure may be resumed."""
+        if isinstance(err, NonFiniteError):
+            self.ending = FAILED
+
     def close(self) -> None:
         """Flush and close metrics.jsonl and the trackers (rank 0)."""
         if self.metrics is not None:
-            self.metrics.close()
+            self.metrics.close(self.ending)

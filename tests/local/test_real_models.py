@@ -1,6 +1,7 @@
 """Real models end to end: tuple, dict and ModelOutput outputs, dict batches, the NaN guard."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from hpcddp.errors import ConfigError
 from hpcddp.launch.resolve import resolve_env
 from hpcddp.storage.checkpoint import CheckpointStore
 from tests.fixtures.helpers import QUICK, QUICKSTART, TINY, run_cli
+from tests.fixtures.webhook import Receiver
 
 
 class Shaped(nn.Module):
@@ -133,10 +135,18 @@ NAN_AT_8_ON_RANK_1 = [
 
 
 def test_nan_at_step_8_on_rank_1_stops_every_rank_there_keeping_step_6(tmp_path):
-    result = run_cli(
-        "train", QUICKSTART, f"run.dir={tmp_path}", *NAN_AT_8_ON_RANK_1, "--nproc", "2"
-    )
+    with Receiver() as receiver:
+        result = run_cli(
+            "train", QUICKSTART, f"run.dir={tmp_path}", *NAN_AT_8_ON_RANK_1,
+            f"notify.url={receiver.url}", "--nproc", "2",
+        )  # fmt: skip
+        receiver.wait_for(2)
+        time.sleep(0.3)  # a duplicate, or a "failed" as well, would have arrived by now
     assert result.returncode == 1, result.stderr[-3000:]
+    # told once, by rank 0, as "nan" (not "failed"), with the one line every rank printed
+    nan = receiver.bodies[-1]
+    assert [(b["event"], b["step"]) for b in receiver.bodies] == [("started", 0), ("nan", 8)]
+    assert "at step 8 in the loss first on rank 1;" in nan["text"], nan["text"]
     lines = [line for line in result.stderr.splitlines() if "non-finite" in line]
     assert len(lines) == 1, result.stderr[-3000:]  # both ranks raised the same: printed once
     assert "at step 8 in the loss first on rank 1;" in lines[0]

@@ -1,6 +1,7 @@
 """A chain on the real cluster: a run with more work than its one-minute time limit holds goes
 on across links with no user action, never requeues, ends with the weights of an unchained
-run, and the links left over are cancelled before they run."""
+run, and the links left over are cancelled before they run. Its trackers (TensorBoard, W&B
+offline, MLflow's file store) hold one run across the links, each step once, finished."""
 
 import itertools
 import json
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from tests.fixtures.helpers import ENDED, QUICK, REPO, run_cli, summary
+from tests.fixtures.tracker_reads import mlflow_holds, tensorboard_holds, wandb_holds
 
 pytestmark = pytest.mark.slow
 # 64 steps of at least 0.8 s (a sleep in rank 0's forward: no CPU taken from the other tests):
@@ -44,8 +46,13 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
         *WORK,
         "slurm.time_min=1",
         "slurm.chain=4",
+        "tracking.backends=[tensorboard,wandb,mlflow]",
+        "tracking.project=chained",
         cwd=tmp_path,
-        extra_env={"PYTHONPATH": str(REPO)},  # the stand-in model and `examples` live there
+        extra_env={
+            "PYTHONPATH": str(REPO),  # the stand-in model and `examples` live there
+            **{"WANDB_SILENT": "true", "WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": ""},
+        },
     )
     links = submitted.stdout.split()
     try:
@@ -76,6 +83,11 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
         assert "JobState=CANCELLED" in fields and "RunTime=00:00:00" in fields, fields
         assert not list(tmp_path.glob(f"*-{link}.out"))
     assert f"cancelling the chain's links left: {','.join(links[ran:])}" in outputs
+
+    # the trackers: one run across the links, each link but the last handed on (stopped)
+    tensorboard_holds(chained)
+    wandb_holds(chained, attempts=ran)
+    mlflow_holds(chained, "chained")
 
     status = run_cli("status", str(chained), env=slurm_cluster.cli_env).stdout
     assert f"link 1:           job {links[0]}" in status and "handed on at its time" in status

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.fixtures.helpers import QUICK, REPO, summary, wait_for_step, wait_until
+from tests.fixtures.resume_proof import prove_resumed
 
 pytestmark = pytest.mark.slow
 
@@ -85,3 +86,5 @@ def test_a_containerised_job_is_preempted_requeued_by_its_shell_and_resumes_exac
     got, expected = summary(run_dir), summary(straight)
     assert got["weights_sha256"] == expected["weights_sha256"] and got["steps"] == expected["steps"]
     assert [a["cause"] for a in got["attempts"]] == ["preempted", "finished"]
+    (resumed_at,) = prove_resumed(run_dir, resumes=1)
+    assert resumed_at >= 20  # preempted once it had logged step 20: saved where it stopped

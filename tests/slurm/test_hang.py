@@ -17,6 +17,8 @@ import pytest
 from hpcddp import exit_codes
 from hpcddp.records import attempts
 from tests.fixtures.helpers import QUICK, summary, wait_until
+from tests.fixtures.resume_proof import prove_resumed, recovered_in_order
+from tests.fixtures.webhook import Receiver
 from tests.slurm.test_bad_node import job_fields
 
 pytestmark = pytest.mark.slow
@@ -26,35 +28,41 @@ def test_a_hung_rank_is_named_with_its_stacks_and_the_job_goes_on_without_its_no
     slurm_cluster, tmp_path
 ):
     run_dir, hang_host = tmp_path / "run", tmp_path / "hang-host"
-    job_id, _ = slurm_cluster.sbatch(
-        tmp_path,
-        "sbatch/train.sh",
-        "examples/quickstart.yaml",
-        f"run.dir={run_dir}",
-        *QUICK,
-        "train.epochs=3",
-        "train.checkpoint_every_steps=4",
-        "train.log_every_steps=1",
-        "dist.hang_timeout_s=20",
-        "model.factory=tests.fixtures.hang_node:make_model",
-        f"model.kwargs={{host_file: {hang_host}, at_call: 10, rank: 1}}",
-        options=("--nodes=1", "--ntasks-per-node=2", "--job-name=hang"),
-        wait=False,
-    )
-    try:
-        slurm_cluster.wait_for(job_id, {"RUNNING"}, timeout=120)
-        (first,) = slurm_cluster.job_hosts(job_id)
-        hang_host.write_text(first)  # from now on, rank 1 there hangs at its next step
-        wait_until(
-            lambda: job_fields(slurm_cluster, job_id).get("ExcNodeList") == first,
-            f"the job requeued without {first} after its rank hung",
-            timeout=240,
+    with Receiver(slurm_cluster.login_addr) as receiver:
+        job_id, _ = slurm_cluster.sbatch(
+            tmp_path,
+            "sbatch/train.sh",
+            "examples/quickstart.yaml",
+            f"run.dir={run_dir}",
+            *QUICK,
+            "train.epochs=3",
+            "train.checkpoint_every_steps=4",
+            "train.log_every_steps=1",
+            "dist.hang_timeout_s=20",
+            "model.factory=tests.fixtures.hang_node:make_model",
+            f"model.kwargs={{host_file: {hang_host}, at_call: 10, rank: 1}}",
+            f"notify.url={receiver.url}",
+            options=("--nodes=1", "--ntasks-per-node=2", "--job-name=hang"),
+            wait=False,
         )
-        slurm_cluster.wait_for(job_id, {"PENDING"}, timeout=60)
-        slurm_cluster.release(job_id)  # Slurm's ~120 s requeue hold: see test_bad_node
-        final = slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400)
-    finally:
-        slurm_cluster.run("scancel", job_id, check=False)
+        try:
+            slurm_cluster.wait_for(job_id, {"RUNNING"}, timeout=120)
+            (first,) = slurm_cluster.job_hosts(job_id)
+            hang_host.write_text(first)  # from now on, rank 1 there hangs at its next step
+            wait_until(
+                lambda: job_fields(slurm_cluster, job_id).get("ExcNodeList") == first,
+                f"the job requeued without {first} after its rank hung",
+                timeout=240,
+            )
+            slurm_cluster.wait_for(job_id, {"PENDING"}, timeout=60)
+            slurm_cluster.release(job_id)  # Slurm's ~120 s requeue hold: see test_bad_node
+            final = slurm_cluster.wait_for(
+                job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400
+            )
+            receiver.wait_for(5)
+            time.sleep(0.5)  # a duplicate would have arrived by now
+        finally:
+            slurm_cluster.run("scancel", job_id, check=False)
     output = slurm_cluster.output(tmp_path, job_id)
     assert final == "COMPLETED", output[-4000:]
 
@@ -72,11 +80,21 @@ def test_a_hung_rank_is_named_with_its_stacks_and_the_job_goes_on_without_its_no
 
     done = summary(run_dir)
     assert done["steps"] == 3 * 2048 // 2 // 32 and first not in done["hosts"]
+    (resumed_at,) = prove_resumed(run_dir, resumes=1)
     failed, finished = done["attempts"]
     assert failed["cause"] == f"failed: rank 1 on {first}: hung" and failed["excluded"] == [first]
     assert finished["cause"] == "finished"
-    recovery = attempts.last_recovery(run_dir)
-    assert recovery is not None and recovery.first_step is not None
+    recovery = recovered_in_order(run_dir)
+    # told: started, the hang and the requeue (the batch shell), the requeued start, the end
+    assert [(b["event"], b["job"], b["step"]) for b in receiver.bodies] == [
+        ("started", job_id, 0),
+        ("hang", job_id, resumed_at),
+        ("requeued", job_id, resumed_at),
+        ("started", job_id, resumed_at),
+        ("completed", job_id, done["steps"]),
+    ]
+    assert f"rank 1 on {first}" in receiver.bodies[1]["text"]
+    assert f"without {first}" in receiver.bodies[2]["text"]
     verdict = json.loads((stacks / "verdict.json").read_text())
     hung_report = next(r for r in verdict["reports"] if r["rank"] == 1)
     hung_at = recovery.detected - hung_report["stalled_s"]

@@ -15,6 +15,8 @@ import pytest
 
 from tests.fixtures.helpers import QUICK, TINY, run_cli, wait_for_step, wait_until
 from tests.fixtures.webhook import Receiver
+from tests.slurm.test_bad_node import job_fields
+from tests.slurm.test_spare_nodes import slurm_time
 
 pytestmark = pytest.mark.slow
 LONGER = [*QUICK, "train.epochs=4", "train.log_every_steps=1"]
@@ -23,14 +25,17 @@ LONGER = [*QUICK, "train.epochs=4", "train.log_every_steps=1"]
 def test_a_run_preempted_once_is_told_in_order_and_its_cost_adds_up(slurm_cluster, tmp_path):
     """One job for both (the suite deals tests out interleaved: a module fixture would run
     its job once per test)."""
-    bodies, run_dir, job_id = preempted_once(slurm_cluster, tmp_path)
+    bodies, run_dir, job_id, clock = preempted_once(slurm_cluster, tmp_path)
     told_in_order(bodies, job_id)
-    reported(slurm_cluster, run_dir, job_id)
+    reported(slurm_cluster, run_dir, job_id, clock)
 
 
 def preempted_once(slurm_cluster, tmp_path):
     """One 2-node job, preempted (USR2) once at step 5, requeued, finished; what the
-    receiver got, the run directory and the job id."""
+    receiver got, the run directory, the job id, and each attempt's bounds by clocks outside
+    the run: (its Slurm StartTime, the earliest and latest it may end) in epoch seconds: the
+    test's stopwatch when USR2 went and when it saw the requeue, then Slurm's EndTime less
+    15 s for the job's exit, and EndTime."""
     run_dir = tmp_path / "run"
     with Receiver(slurm_cluster.login_addr) as receiver:
         job_id = slurm_cluster.run(
@@ -40,12 +45,15 @@ def preempted_once(slurm_cluster, tmp_path):
         ).stdout.strip()  # fmt: skip
         try:
             wait_for_step(run_dir, 5, timeout=180)
+            began = slurm_time(job_fields(slurm_cluster, job_id)["StartTime"])
+            signalled = time.time()
             slurm_cluster.run("scancel", "--signal=USR2", "--batch", job_id)
             wait_until(
                 lambda: "Restarts=1" in slurm_cluster.run("scontrol", "-o", "show", "job",
                                                           job_id).stdout,
                 "the requeue", timeout=180,
             )  # fmt: skip
+            requeued = time.time()
             slurm_cluster.wait_for(job_id, {"PENDING"}, timeout=60)
             slurm_cluster.release(job_id)  # a requeued job is held ~120 s (BeginTime)
             final = slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED"})
@@ -54,7 +62,9 @@ def preempted_once(slurm_cluster, tmp_path):
             slurm_cluster.run("scancel", job_id, check=False)
     output = (tmp_path / f"notify-{job_id}.out").read_text()
     assert final == "COMPLETED", output[-4000:]
-    return bodies, run_dir, job_id
+    fields = job_fields(slurm_cluster, job_id)  # the last attempt's
+    rerun, ended = slurm_time(fields["StartTime"]), slurm_time(fields["EndTime"])
+    return bodies, run_dir, job_id, [(began, signalled, requeued), (rerun, ended - 15, ended)]
 
 
 def told_in_order(bodies, job_id):
@@ -72,8 +82,9 @@ def told_in_order(bodies, job_id):
     assert "resumed from step" in resumed["text"] and "2 ranks on 2 node(s)" in resumed["text"]
 
 
-def reported(slurm_cluster, run_dir, job_id):
-    """``hpcddp report`` on that run: node-hours are nodes x wall over its two attempts."""
+def reported(slurm_cluster, run_dir, job_id, clock):
+    """``hpcddp report`` on that run: node-hours are nodes x wall over its two attempts, and
+    each attempt's wall lies where clocks outside the run put it (``clock``)."""
     done = run_cli("report", str(run_dir), "--json", env=slurm_cluster.cli_env)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
@@ -83,6 +94,13 @@ def reported(slurm_cluster, run_dir, job_id):
     assert first["steps_gained"] + second["steps_gained"] == 128
     node_hours = sum(a["nodes"] * a["wall_s"] for a in (first, second)) / 3600
     assert got["totals"]["node_hours"] == pytest.approx(node_hours, rel=0.01)
+    for attempt, (began, end_after, end_before) in zip((first, second), clock, strict=True):
+        # Slurm's clock is whole seconds, and a process start is known to a second; the
+        # attempt ends after the stop was asked (or shortly before the job's end: its exit)
+        # and before the requeue was seen (or the job's end)
+        assert began - 1 <= attempt["started"] <= began + 30, (began, attempt)
+        assert end_after <= attempt["ended"] <= end_before + 1, (clock, attempt)
+        assert attempt["wall_s"] == pytest.approx(attempt["ended"] - attempt["started"])
     assert second["waited_s"] > 0 and second["lost_s"] > second["waited_s"]
     # every attempt's rank 0 wrote its start, not only the attempts after a failure
     assert len((run_dir / "starts.jsonl").read_text().splitlines()) == 2

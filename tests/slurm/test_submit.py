@@ -3,7 +3,6 @@ and `hpcddp status` / `logs` on a cluster without accounting (no sacct)."""
 
 import dataclasses
 import json
-import os
 import pathlib
 import time
 
@@ -15,6 +14,7 @@ from hpcddp.outcome import StopReason
 from hpcddp.run_files import read_summary
 from hpcddp.slurm import submission
 from tests.fixtures.helpers import QUICK, REPO, run_cli, summary, wait_until
+from tests.fixtures.resume_proof import resumed_in_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -142,47 +142,53 @@ def test_cli_submit_prints_the_id_and_does_not_wait(cluster, tmp_path):
     assert summary(run_dir)["steps"] == 3
 
 
-def dying_dataset(**kwargs):
-    """The quickstart data, except that rank 1 dies hard mid-epoch: no exception, no result."""
-    from torch.utils.data import Dataset
-
-    from examples.quickstart import make_dataset
-
-    train, evaluation = make_dataset(**kwargs)
-
-    class Dying(Dataset):
-        served = 0
-
-        def __len__(self):
-            return len(train)
-
-        def __getitem__(self, index):
-            self.served += 1
-            if os.environ.get("SLURM_PROCID") == "1" and self.served > 100:
-                os._exit(9)  # like the OOM killer: nothing is cleaned up or written
-            return train[index]
-
-    return Dying(), evaluation
-
-
-def test_a_rank_that_dies_ends_result_without_sacct_and_fails_the_job(cluster, tmp_path):
-    """No result file and no accounting: job.result() must still end (submitit#1720)."""
+def test_a_rank_death_in_a_submitted_chains_link_ends_its_result_and_the_next_link_resumes(
+    cluster, tmp_path
+):
+    """A chain through `hpcddp.submit` (what ``hpcddp submit ... slurm.chain=2`` calls): rank 1
+    of the first link dies hard at step 10 (SIGKILL: no result file, and no accounting here),
+    so job.result() must still end (submitit#1720); no job script tells the failure under
+    submitit, and the next link tries again: it resumes from the step-8 checkpoint and
+    completes the run."""
     run_dir = tmp_path / "run"
     job = hpcddp.submit(
         "examples/quickstart.yaml",
-        [f"run.dir={run_dir}", *QUICK, "data.factory=tests.slurm.test_submit:dying_dataset"],
+        [
+            f"run.dir={run_dir}", *QUICK, "train.checkpoint_every_steps=4",
+            "train.log_every_steps=1", "slurm.chain=2",
+            "model.factory=tests.fixtures.dies_in_first_job:make_model",
+            f"model.kwargs={{rank: 1, at_call: 10, marker_dir: {tmp_path}}}",
+        ],
         nodes=1,
         tasks_per_node=2,
-    )
-    started = time.monotonic()
-    # Rank 0 raises (gloo: "Connection closed by peer"), or is killed by --kill-on-bad-exit.
-    with pytest.raises((FailedJobError, UncompletedJobError)):
-        job.result()
-    assert time.monotonic() - started < 90
-    assert not (run_dir / "submitit" / f"{job.job_id}_1_result.pkl").exists()
-    cluster.wait_for(job.job_id, {"FAILED", "COMPLETED", "CANCELLED"}, timeout=60)
+    )  # fmt: skip
+    links = json.loads((run_dir / "chain.json").read_text())["links"]
+    try:
+        assert len(links) == 2 and links[0] == job.job_id, links
+        started = time.monotonic()
+        # Rank 0 raises (gloo: "Connection closed by peer"), or is killed by --kill-on-bad-exit.
+        with pytest.raises((FailedJobError, UncompletedJobError)):
+            job.result()
+        assert time.monotonic() - started < 90
+        assert (tmp_path / "died").exists()  # the death happened, in the first link
+        assert not (run_dir / "submitit" / f"{job.job_id}_1_result.pkl").exists()
+        assert cluster.wait_for(links[0], {"FAILED", "COMPLETED", "CANCELLED"}, 60) == "FAILED"
+        assert cluster.wait_for(links[1], {"FAILED", "COMPLETED", "CANCELLED"}, 180) == "COMPLETED"
+    finally:
+        cluster.run("scancel", *links, check=False)
     status = fields(run_cli("status", job.job_id, env=cluster.cli_env, timeout=60).stdout)
-    assert (status["state"], status["summary.json"]) == ("FAILED", "no")
+    assert status["state"] == "FAILED"  # the first link's (the run's summary.json is the next's)
+    done = summary(run_dir)
+    assert done["steps"] == 2048 // 2 // 32 and done["job_id"] == links[1]
+    resumed_in_metrics(run_dir, [8])  # where the first link's checkpoint left it
+    (finished,) = done["attempts"]  # the dead link left no record: no job script under submitit
+    assert (finished["job"], finished["cause"], finished["steps_gained"]) == (
+        links[1],
+        "finished",
+        24,
+    )
+    chain = run_cli("status", str(run_dir), env=cluster.cli_env, timeout=60).stdout
+    assert "link 1:" in chain and "link 2:" in chain and "completed the run" in chain, chain
 
 
 def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path):

@@ -70,40 +70,48 @@ def physical(host, index):
     return node_gpus(host)[index].uuid
 
 
-# rows: layout, tasks, each local rank's CUDA_VISIBLE_DEVICES, {rank: (host, physical GPU)}
-TWO_BY_FOUR = [(r, r % 4, r // 4) for r in range(8)]
+# rows: layout, tasks, each local rank's CUDA_VISIBLE_DEVICES, and each rank's GPU as
+# (node, physical index), worked out by hand from what the layout shows each task
+IN_ORDER = [(0, 0), (0, 1), (0, 2), (0, 3)]
 LAYOUTS = {
-    "--gpus-per-task=1": (block(1, 4), lambda local: str(local), None),
-    "--gpus-per-node=4, no binding": (block(1, 4), lambda local: None, None),
+    "--gpus-per-task=1": (block(1, 4), lambda local: str(local), IN_ORDER),
+    "--gpus-per-node=4, no binding": (block(1, 4), lambda local: None, IN_ORDER),
     # a task sees its socket's 2 of the node's 4 GPUs: refused before, by counting
-    "--gpu-bind=closest": (block(1, 4), lambda local: "0,1" if local < 2 else "2,3", None),
+    "--gpu-bind=closest": (
+        block(1, 4),
+        lambda local: "0,1" if local < 2 else "2,3",
+        IN_ORDER,
+    ),
     # -m block:cyclic puts local ranks 0 and 2 on socket 0: each guessing local_rank % 2,
-    # both would take GPU 0
+    # both would take GPU 0; the second rank on socket 0 takes its second GPU
     "--gpu-bind=closest -m block:cyclic": (
         block(1, 4),
         lambda local: "0,1" if local % 2 == 0 else "2,3",
-        None,
+        [(0, 0), (0, 2), (0, 1), (0, 3)],
     ),
-    "--gpu-bind=map_gpu:3,2,1,0": (block(1, 4), lambda local: str(3 - local), None),
-    "-m cyclic on 2 nodes x 4 GPUs": (cyclic(2, 4), lambda local: None, None),
+    "--gpu-bind=map_gpu:3,2,1,0": (
+        block(1, 4),
+        lambda local: str(3 - local),
+        [(0, 3), (0, 2), (0, 1), (0, 0)],
+    ),
+    # rank r on node r % 2, its local rank r // 2 there, each node's GPUs in local-rank order
+    "-m cyclic on 2 nodes x 4 GPUs": (
+        cyclic(2, 4),
+        lambda local: None,
+        [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3)],
+    ),
 }
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_rank_gets_its_own_gpu(layout):
-    tasks, cvd, _ = LAYOUTS[layout]
+    tasks, cvd, expected = LAYOUTS[layout]
     nodes = 1 + max(node for _, _, node in tasks)
     used, refusal = meet(tasks, cvd, nodes, len(tasks) // nodes)
     assert refusal is None
-    assert len(set(used.values())) == len(tasks)  # no GPU twice
-    for rank, _, node in tasks:  # each on its own node, never a neighbour's
-        assert f"-g{node + 1}-" in used[rank]
-    if layout == "--gpu-bind=closest -m block:cyclic":
-        assert used[2] == physical("g1", 1)  # the second rank on socket 0 takes its second GPU
-    if layout == "--gpu-bind=map_gpu:3,2,1,0":
-        assert [used[r] for r in range(4)] == [physical("g1", i) for i in (3, 2, 1, 0)]
-    if layout == "--gpus-per-node=4, no binding":
-        assert [used[r] for r in range(4)] == [physical("g1", i) for i in range(4)]
+    assert used == {
+        rank: physical(f"g{node + 1}", gpu) for rank, (node, gpu) in enumerate(expected)
+    }
 
 
 def test_a_task_that_sees_its_sockets_two_of_four_gpus_gets_a_cuda_device():

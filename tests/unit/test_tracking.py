@@ -94,7 +94,7 @@ class Recorder(tracking.Backend):
     def log(self, step, values):
         Recorder.seen.append(step)
 
-    def close(self):
+    def close(self, ending):
         pass
 
 
@@ -146,3 +146,60 @@ def test_a_missing_library_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # as if not installed
     with pytest.raises(ConfigError, match="pip install 'hpcddp\\[tracking\\]'"):
         Tracker(["wandb"], tmp_path, 0, PARAMS, "p")
+
+
+def test_mlflow_sends_each_step_in_one_request_and_tells_how_each_attempt_ended(
+    tmp_path, monkeypatch
+):
+    """A tracking server is remote: one request per logged step, not one per value. Its run
+    is KILLED while stopped (resumable), RUNNING again once resumed, FINISHED at its end."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    client_class = mlflow.tracking.MlflowClient
+    requests = []
+    for name in ("log_metric", "log_batch"):
+        real = getattr(client_class, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            requests.append(_name)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(client_class, name, counted)
+
+    def status() -> str:
+        run_id = json.loads((tmp_path / "tracking" / "run.json").read_text())["mlflow_run_id"]
+        return client_class((tmp_path / "tracking" / "mlruns").as_uri()).get_run(run_id).info.status
+
+    first = Tracker(["mlflow"], tmp_path, 0, PARAMS, project="p")
+    first.log(1, {"loss": 1.0, "lr": 0.1, "grad_norm": 2.0, "samples_per_s": 90.0})
+    first.log(2, {"loss": 0.5, "lr": 0.1, "grad_norm": 1.0, "samples_per_s": 95.0})
+    assert requests == ["log_batch", "log_batch"]
+    first.close("stopped")
+    assert status() == "KILLED"
+    second = Tracker(["mlflow"], tmp_path, 2, PARAMS, project="p")
+    assert status() == "RUNNING"
+    second.close("finished")
+    assert status() == "FINISHED"
+    Tracker(["mlflow"], tmp_path, 2, PARAMS, project="p").close("failed")
+    assert status() == "FAILED"
+
+
+def test_an_evaluation_at_its_steps_own_step_reaches_a_backend_that_cannot_forget(
+    tmp_path, monkeypatch
+):
+    """The evaluation after step 8 is logged at step 8, after that step's own line: it is new
+    there, not a repeat; an attempt resumed from step 4 then repeats neither."""
+    given = []
+
+    class Keys(Recorder):
+        def log(self, step, values):
+            given.append((step, sorted(values)))
+
+    monkeypatch.setitem(tracking._CLASSES, "wandb", Keys)
+    for resume_step in (0, 4):
+        tracker = Tracker(["wandb"], tmp_path, resume_step, PARAMS, project="p")
+        for step in range(resume_step + 1, 9):
+            tracker.log(step, {"loss": loss(step)})
+        tracker.log(8, {"eval_loss": 0.5, "eval_accuracy": 0.7})
+        tracker.close("stopped")
+    assert given == [(s, ["loss"]) for s in range(1, 9)] + [(8, ["eval_accuracy", "eval_loss"])]
