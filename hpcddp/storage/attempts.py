@@ -23,7 +23,11 @@ import pathlib
 import time
 from typing import Any
 
-from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, SIDECAR_SUFFIX
+from hpcddp.storage.checkpoint_names import (
+    CHECKPOINT_NAME,
+    SIDECAR_SUFFIX,
+    sharded_complete_steps,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ def saved_step(run_dir: str | os.PathLike[str]) -> int:
     except OSError:
         return 0
     complete = [m for n in names if (m := CHECKPOINT_NAME.match(n)) and n + SIDECAR_SUFFIX in names]
-    steps = [int(m[1]) for m in complete]
+    steps = [int(m[1]) for m in complete] + sharded_complete_steps(folder)
     return max(steps, default=0)
 
 

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.train import building, data, ddp, guard, preemption, telemetry
+from hpcddp.train import building, data, ddp, guard, preemption, strategy, telemetry
 from hpcddp.train.checkpointing import Checkpointer, Trained
+from hpcddp.train.sharded_checkpointing import ShardedCheckpointer
 from hpcddp.train.optim import make_optimizer, make_scheduler
 from hpcddp.train.step_reports import Reports
 from hpcddp.train.stepping import Stepper
@@ -30,7 +30,7 @@ class Parts:
     """One rank's model, data, optimizer and the helpers that step, guard, save and vote."""
 
     model: torch.nn.Module  # unwrapped: what is optimized, saved and evaluated
-    ddp: DDP
+    ddp: torch.nn.Module  # what runs the training forward (`hpcddp.train.strategy.Wrapped`)
     train_loader: Any
     eval_loader: Any
     total_steps: int
@@ -39,7 +39,7 @@ class Parts:
     guard: guard.Guard
     clock: telemetry.IntervalClock
     stepper: Stepper
-    checkpoints: Checkpointer
+    checkpoints: Checkpointer | ShardedCheckpointer
     vote: preemption.StopVote
     reports: Reports
     hosts: list[str]
@@ -56,7 +56,9 @@ def assemble(
     """Build a rank's parts; a fault on one rank ends them all (they agree before DDP)."""
     built = building.build(model_fn, dataset_fn, cfg, env, device)
     total_steps = _total_steps(built.train_loader, cfg, env)
-    model, wrapped = ddp.wrap(built.model, cfg, env, device)
+    spread = strategy.of(cfg)  # dist.strategy: how the model is wrapped, saved, loaded
+    wrapped = spread.wrap(built.model, cfg, env, device)
+    model = wrapped.model
     task = Task.resolve(cfg.task, model)
     optimizer = make_optimizer(model.parameters(), cfg.optim)
     scheduler = make_scheduler(optimizer, cfg.optim, total_steps)
@@ -66,14 +68,14 @@ def assemble(
     )
     clock = telemetry.IntervalClock(device)
     stepper = Stepper(
-        cfg, device, wrapped, model, optimizer, scheduler, scaler, task, nan_guard, clock
+        cfg, device, wrapped, optimizer, scheduler, scaler, task, nan_guard, clock, spread
     )
     trained = Trained(model, optimizer, scheduler, scaler)
-    checkpoints = Checkpointer(run_dir, cfg.train, cfg.dist.timeout_s, env, trained)
+    checkpoints = spread.checkpointer(run_dir, cfg, env, trained)
     vote = preemption.StopVote(env.backend, env.distributed, timeout_s=cfg.dist.timeout_s)
     reports = Reports(cfg, env, device, built.hosts)  # telemetry's side group
     return Parts(
-        model, wrapped, built.train_loader, built.eval_loader, total_steps, task, scheduler,
+        model, wrapped.forward, built.train_loader, built.eval_loader, total_steps, task, scheduler,
         nan_guard, clock, stepper, checkpoints, vote, reports, built.hosts,
     )  # fmt: skip
 
