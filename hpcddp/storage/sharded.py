@@ -22,6 +22,8 @@ from typing import Any
 from hpcddp.errors import CheckpointError
 from hpcddp.storage import atomic
 from hpcddp.storage.checkpoint_names import (
+    CHECKPOINT_NAME,
+    SIDECAR_SUFFIX,
     MARKER,
     SHARDED_NAME,
     sharded_complete_steps,
@@ -116,8 +118,9 @@ class ShardedStore:
                 atomic.unlink_quietly(path / MARKER)  # the marker first: never half a checkpoint
                 shutil.rmtree(path, ignore_errors=True)
                 log.debug("pruned checkpoint %s", path)
-        oldest_kept = min(kept)
+        if len(kept) < self.keep_last:
+            return
         for name in sorted(os.listdir(self.directory)):  # a payload before its sidecar
-            if name.startswith("step-") and name.endswith((".pt", ".pt.sha256")):
-                if int(name[5:].split(".")[0]) < oldest_kept and len(kept) >= self.keep_last:
-                    atomic.unlink_quietly(self.directory / name)
+            whole = CHECKPOINT_NAME.match(name.removesuffix(SIDECAR_SUFFIX))
+            if whole and int(whole[1]) < min(kept):
+                atomic.unlink_quietly(self.directory / name)

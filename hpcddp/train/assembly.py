@@ -18,8 +18,8 @@ from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.train import building, data, ddp, guard, preemption, strategy, telemetry
 from hpcddp.train.checkpointing import Checkpointer, Trained
-from hpcddp.train.sharded_checkpointing import ShardedCheckpointer
 from hpcddp.train.optim import make_optimizer, make_scheduler
+from hpcddp.train.sharded_checkpointing import ShardedCheckpointer
 from hpcddp.train.step_reports import Reports
 from hpcddp.train.stepping import Stepper
 from hpcddp.train.task import Task
