@@ -23,9 +23,9 @@ from hpcddp.errors import CheckpointError
 from hpcddp.storage import atomic
 from hpcddp.storage.checkpoint_names import (
     CHECKPOINT_NAME,
-    SIDECAR_SUFFIX,
     MARKER,
     SHARDED_NAME,
+    SIDECAR_SUFFIX,
     sharded_complete_steps,
     sharded_name,
 )
