@@ -180,6 +180,8 @@ class Checkpointer:
                 progress = sharded_checkpointing.try_sharded(
                     path, self.trained, self.env, self.seed, self.shape["batch_size"]
                 )
+                if progress is not None:
+                    log.info("resumed from step %d (%s)", step, path.name)
             else:
                 progress = self._try(step, path)
             if progress is not None:
