@@ -76,15 +76,17 @@ def keep_global_batch(cfg: Config, env: DistEnv, run_dir: pathlib.Path) -> Confi
 
 
 def _no_fit(step: int, shape: dict[str, Any], wanted: int, cfg: Config, env: DistEnv) -> str:
-    world = env.world_size
-    sizes = [b for b in range(1, cfg.data.batch_size * 2 + 1) if wanted % (b * world) == 0]
-    worlds = [w for w in range(1, 2 * world + 1) if wanted % (cfg.data.batch_size * w) == 0]
+    world, micro = env.world_size, cfg.data.batch_size
+    sizes = [b for b in range(1, 2 * micro + 1) if wanted % (b * world) == 0]
+    worlds = [w for w in range(1, 2 * world + 1) if wanted % (micro * w) == 0]
+    fixes = [f"run on one of {worlds} ranks"] if worlds else []
+    if sizes:
+        fixes.append(f"set data.batch_size to one of {sizes} (accumulation follows)")
     return (
         f"the checkpoint at step {step} was written by {shape['world_size']} ranks with a "
-        f"global batch of {wanted} samples; {world} ranks with data.batch_size="
-        f"{cfg.data.batch_size} cannot make it ({wanted} is not a multiple of "
-        f"{cfg.data.batch_size * world}). HINT: set data.batch_size to one of {sizes or [1]} "
-        f"(accumulation is adjusted), or run on {worlds or [1]} ranks."
+        f"global batch of {wanted} samples; {world} ranks with data.batch_size={micro} cannot "
+        f"make it ({wanted} is not a multiple of {micro * world}). HINT: "
+        f"{', or '.join(fixes) or 'choose a new run.dir'}."
     )
 
 
