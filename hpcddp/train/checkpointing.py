@@ -176,14 +176,7 @@ class Checkpointer:
                 "run.dir must be on a file system every node shares."
             )
         for step, path in reversed(complete):
-            if path.suffix == ".dcp":  # written under dist.strategy=fsdp
-                progress = sharded_checkpointing.try_sharded(
-                    path, self.trained, self.env, self.seed, self.shape["batch_size"]
-                )
-                if progress is not None:
-                    log.info("resumed from step %d (%s)", step, path.name)
-            else:
-                progress = self._try(step, path)
+            progress = self._try(step, path) if path.suffix == ".pt" else _sharded(self, path)
             if progress is not None:
                 return progress
         if complete:
@@ -263,6 +256,17 @@ class Checkpointer:
         )
         log.info("resumed from step %d (epoch %d, batch %d)", step, progress.epoch, progress.batch)
         return progress
+
+
+def _sharded(checkpointer: Checkpointer, path: pathlib.Path) -> Progress | None:
+    """A checkpoint written under dist.strategy=fsdp, each rank reading it whole."""
+    progress = sharded_checkpointing.try_sharded(
+        path, checkpointer.trained, checkpointer.env, checkpointer.seed,
+        checkpointer.shape["batch_size"],
+    )  # fmt: skip
+    if progress is not None:
+        log.info("resumed from %s", path.name)
+    return progress
 
 
 def _in_place(

@@ -26,7 +26,7 @@ from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import RunOutcome, StopReason
 from hpcddp.storage import attempts
 from hpcddp.storage.rundir import Attempt
-from hpcddp.train import batches, data, ddp, ending, flops, preemption, resharding, rng, usercode
+from hpcddp.train import batches, data, ddp, ending, flops, preemption, rng, usercode
 from hpcddp.train.assembly import assemble
 from hpcddp.train.progress_report import ProgressReport
 from hpcddp.train.run_notices import RunNotices
@@ -53,7 +53,6 @@ class TrainingRun:
         attempt: Attempt | None = None,
         timeline: Timeline | None = None,
     ) -> None:
-        cfg = resharding.keep_global_batch(cfg, env, run_dir)  # resumed at another world size
         self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
         self.timeline = timeline or Timeline()
         attempt = attempt or Attempt(job=env.slurm_job, nodes=(env.hostname,))
@@ -152,9 +151,8 @@ class TrainingRun:
         # max_steps, when set, decides alone: epochs then only count passes over the data
         while progress.step < self.parts.total_steps and (t.max_steps or progress.epoch < t.epochs):
             loader = self.parts.train_loader
-            data.start_epoch(
-                loader, progress.epoch, self.cfg.run.seed, progress.batch, progress.samples_before
-            )
+            at = progress.batch, progress.samples_before  # where this epoch resumes
+            data.start_epoch(loader, progress.epoch, self.cfg.run.seed, *at)
             batches_left = iter(loader), len(loader)
             reason = self._epoch(*batches_left)
             if reason:

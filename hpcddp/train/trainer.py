@@ -27,7 +27,7 @@ from hpcddp.launch.resolve import check_backend, place
 from hpcddp.outcome import RunOutcome
 from hpcddp.storage import rundir
 from hpcddp.storage.runlock import RunLock
-from hpcddp.train import preemption
+from hpcddp.train import preemption, resharding
 from hpcddp.train.factories import import_factory
 from hpcddp.train.logs import FILE_ONLY, setup_logging, teardown_logging
 from hpcddp.train.loop import TrainingRun
@@ -140,10 +140,12 @@ class Trainer:
         notices = RunNotices(self.config, env)  # a run that fails while being built is told too
         try:
             with timeline.phase("setup"):  # the model, data, optimizer and DDP: user code runs
+                # a checkpoint of another world size: the accumulation that keeps its batch
+                config = resharding.keep_global_batch(self.config, env, run_dir)
                 run = TrainingRun(
                     self.model_fn,
                     self.dataset_fn,
-                    self.config,
+                    config,
                     env,
                     device,
                     run_dir,

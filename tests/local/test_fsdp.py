@@ -107,9 +107,7 @@ def test_checkpoints_move_between_strategies_with_the_weights_exact(four_ranks, 
     sharded = tmp_path / "fsdp"
     shutil.copytree(four_ranks / "whole", sharded)
     _ok(_train(sharded, 2, "dist.strategy=ddp"))
-    assert (
-        "resumed from step 8 (step-00000008.dcp)" in (sharded / "logs" / "rank-0.log").read_text()
-    )
+    assert "resumed from step-00000008.dcp" in (sharded / "logs" / "rank-0.log").read_text()
     assert _digest_in_log(sharded) == summary(sharded)["weights_sha256"][:12]
 
 
