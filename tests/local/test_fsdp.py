@@ -17,9 +17,10 @@ import pytest
 from tests.fixtures.helpers import run_cli, summary
 
 CONFIG = "tests/fixtures/sharded_transformer.yaml"
-# Same samples in each step, summed in another order: the losses of a run resumed at another
-# world size agree with the uninterrupted run's to float rounding, far inside this.
-LOSS_TOLERANCE = 1e-3
+# At another world size each step sees the same samples, summed in another order, with dropout
+# masks drawn afresh (each rank's stream cannot carry over): measured 0.005 apart at a loss of
+# 0.97; a run that lost its weights or optimizer state is 0.3 or more away.
+LOSS_TOLERANCE = 0.05
 
 
 def _train(
