@@ -111,11 +111,12 @@ def settle_buckets(
     ready during the first synchronized backward. With more than two ranks the all-reduce adds
     in an order that depends on that layout, so a resumed run (whose first step would use the
     initial layout) drifted from an uninterrupted one in the last bits. Settling the layout here
-    makes every step of every run use the rebuilt one. Under fsdp (``ddp`` is then the
-    sharded model itself) it gathers and reduces zeros once, and counts the FLOPs all the same. Eval mode: no dropout draw, no batch-norm
-    statistics update; the zero gradients are dropped. ``batch`` is already on the device; the
-    zero loss is the step's own loss when a training_step hook makes it, else every floating
-    tensor of the output (a tuple, dict or ModelOutput), so every used parameter takes part.
+    makes every step of every run use the rebuilt one. Under fsdp (``ddp`` is then the sharded
+    model itself) it gathers and reduces zeros once, and counts the FLOPs all the same. Eval
+    mode: no dropout draw, no batch-norm statistics update; the zero gradients are dropped.
+    ``batch`` is already on the device; the zero loss is the step's own loss when a
+    training_step hook makes it, else every floating tensor of the output (a tuple, dict or
+    ModelOutput), so every used parameter takes part.
     """
     model.eval()
     with autocast(precision, _device_of(model)):
