@@ -38,6 +38,8 @@ class Fsdp(Strategy):
         self, model: torch.nn.Module, cfg: Config, env: DistEnv, device: torch.device
     ) -> Wrapped:
         _refuse_unsupported(cfg)
+        # the model was built in host memory (`hpcddp.train.building`): fully_shard moves only
+        # this rank's shards to the mesh's device, so a model bigger than one GPU fits
         mesh = init_device_mesh(device.type, (env.world_size,))
         precision = _policy(cfg.train.precision)
         reshard = cfg.dist.fsdp_reshard_after_forward
