@@ -15,6 +15,7 @@ import shutil
 import pytest
 
 from tests.fixtures.helpers import run_cli, summary
+from tests.fixtures.sharing import in_worker, locked
 
 CONFIG = "tests/fixtures/sharded_transformer.yaml"
 # At another world size each step sees the same samples, summed in another order, with dropout
@@ -52,16 +53,22 @@ def _losses(run_dir: pathlib.Path) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
-    """The uninterrupted 4-rank run, and one stopped after step 6 (its checkpoint there)."""
-    root = tmp_path_factory.mktemp("fsdp")
-    whole, stopped = root / "whole", root / "stopped"
-    _ok(_train(whole, 4, ids=root / "ids-whole"))
-    _ok(_train(stopped, 4, "train.stop_after_steps=6", ids=root / "ids-stopped"))
-    assert sorted(p.name for p in (stopped / "checkpoints").iterdir())[-1] == "step-00000006.dcp"
+    """The uninterrupted 4-rank run, and one stopped after step 6 (its checkpoint there): made
+    once for the whole session, whichever worker asks first (the others wait, then read)."""
+    base = tmp_path_factory.getbasetemp()  # an xdist worker's: popen-gwN in the session's
+    root = (base.parent if in_worker() else base) / "fsdp-four-ranks"
+    root.mkdir(exist_ok=True)
+    with locked(root / ".lock"):
+        if not (root / "made").exists():
+            whole, stopped = root / "whole", root / "stopped"
+            _ok(_train(whole, 4, ids=root / "ids-whole"))
+            _ok(_train(stopped, 4, "train.stop_after_steps=6", ids=root / "ids-stopped"))
+            (root / "made").touch()
+    checkpoints = sorted(p.name for p in (root / "stopped" / "checkpoints").iterdir())
+    assert checkpoints[-1] == "step-00000006.dcp"
     return root
 
 
-@pytest.mark.xdist_group("fsdp-four-ranks")  # the runs of `four_ranks`, made once
 @pytest.mark.parametrize("nproc", [4, 2, 3])
 def test_stopped_fsdp_run_resumes_on_any_number_of_ranks(four_ranks, tmp_path, nproc):
     root = four_ranks
@@ -96,7 +103,6 @@ def _digest_in_log(run_dir: pathlib.Path) -> str:
     return [line for line in lines if "finished:" in line][-1].rsplit("weights ", 1)[1].strip()
 
 
-@pytest.mark.xdist_group("fsdp-four-ranks")
 def test_checkpoints_move_between_strategies_with_the_weights_exact(four_ranks, tmp_path):
     """A finished run resumed under the other strategy loads its checkpoint and finishes with
     the very same weights (gathered whole under fsdp): ddp -> fsdp on 2 ranks, and the 4-rank
