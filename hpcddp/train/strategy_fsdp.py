@@ -4,8 +4,8 @@ FSDP2's ``fully_shard`` on each repeated block, then on the root: a block's para
 gathered just before its forward (and again for its backward) and freed after, so a rank holds
 its shard of everything plus one block whole. The blocks are the classes named in
 ``dist.fsdp_blocks``, or else the children of the model's largest ``ModuleList`` (a
-transformer's layers). bf16 gathers bf16 parameters and reduces gradients in fp32; the sharded
-master weights and the optimizer state stay fp32.
+transformer's layers) or ``Sequential`` of one repeated class. bf16 gathers bf16 parameters
+and reduces gradients in fp32; the sharded master weights and the optimizer state stay fp32.
 """
 
 import contextlib
@@ -79,7 +79,7 @@ def _accumulating(model: torch.nn.Module, last: bool) -> Iterator[None]:
 
 def blocks(model: torch.nn.Module, names: list[str]) -> list[torch.nn.Module]:
     """The modules each sharded on their own: of the classes ``names``, or else the children of
-    the largest ``ModuleList`` (by parameters); none for a model without one."""
+    the largest ``ModuleList`` or repeating ``Sequential`` (by parameters); none without one."""
     if names:
         found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
         missing = set(names) - {type(m).__name__ for m in found}
@@ -91,12 +91,23 @@ def blocks(model: torch.nn.Module, names: list[str]) -> list[torch.nn.Module]:
                 "block class (a transformer's layer), or leave dist.fsdp_blocks empty."
             )
         return _outermost(found)
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    lists = [m for m in model.modules() if _repeats(m)]
     if not lists:
-        log.warning("fsdp: the model has no ModuleList; only the root is sharded")
+        log.warning(
+            "fsdp: the model has no ModuleList (nor Sequential of one repeated class); only the "
+            "root is sharded. HINT: name its block class in dist.fsdp_blocks."
+        )
         return []
     largest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
     return list(largest.children())
+
+
+def _repeats(module: torch.nn.Module) -> bool:
+    """A ``ModuleList``, or a ``Sequential`` of two or more modules of one class (blocks)."""
+    if isinstance(module, torch.nn.ModuleList):
+        return len(module) > 0
+    kinds = {type(child) for child in module.children()}
+    return isinstance(module, torch.nn.Sequential) and len(module) > 1 and len(kinds) == 1
 
 
 def _outermost(found: list[torch.nn.Module]) -> list[torch.nn.Module]:
