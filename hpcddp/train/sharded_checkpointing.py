@@ -63,7 +63,16 @@ class ShardedCheckpointer:
         self._writing: tuple[int, concurrent.futures.Future] | None = None
 
     def prepare(self) -> None:
-        """Nothing ahead of time: the first save allocates the host buffers."""
+        """Once the optimizer has its state (after the first step): allocate the host buffers
+        of the first save on the writer thread, while training goes on."""
+        if self._staged is not None or self._writing is not None:
+            return
+        state = sharded_state.named(self.trained.model, self.trained.optimizer)
+        self._writing = (0, self._writer.submit(self._allocate, state))
+
+    def _allocate(self, state: dict[str, Any]) -> None:
+        pinned = self.env.device.startswith("cuda")
+        self._staged = _create_cpu_state_dict(state, pin_memory=pinned)
 
     def save(self, progress: Progress, epoch_done: bool) -> None:
         """Every rank stages its shards; the write goes on in the background (or not)."""
@@ -109,16 +118,16 @@ class ShardedCheckpointer:
             return
         step, future = self._writing
         self._writing = None
-        if not future.done():
+        if not future.done() and step:
             log.info("waiting for the checkpoint of step %d to be written", step)
         future.result()
 
     def _stage(self) -> dict[str, Any]:
         """This rank's shards copied to host buffers made at the first save."""
         state = sharded_state.named(self.trained.model, self.trained.optimizer)
-        if self._staged is None:
-            pinned = self.env.device.startswith("cuda")
-            self._staged = _create_cpu_state_dict(state, pin_memory=pinned)
+        if self._staged is None:  # a save before the first step's prepare
+            self._allocate(state)
+        assert self._staged is not None
         staged = _copy_state_dict(state, self._staged, non_blocking=False)
         return staged
 
