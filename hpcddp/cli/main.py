@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from hpcddp import exit_codes
-from hpcddp.cli import check, jobs, plot, sbatch, sweep, train
+from hpcddp.cli import check, checkpoint, jobs, plot, sbatch, sweep, train
 from hpcddp.cli import report as report_command
 from hpcddp.errors import (
     ConfigError,
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_parser(sub)
     plot.add_parser(sub)
     check.add_parser(sub)
+    checkpoint.add_parser(sub)  # inspect, export
     report_command.add_parser(sub)
     return parser
 

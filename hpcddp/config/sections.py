@@ -271,10 +271,24 @@ class DistConfig:
         "the hang budget of the first step, an evaluation or a checkpoint save; 0: 10x "
         "dist.hang_timeout_s",
     )
+    strategy: str = setting(
+        "ddp",
+        "ddp: a whole replica of the model on every rank; fsdp: parameters, gradients and "
+        "optimizer state sharded across the ranks (FSDP2), for models bigger than one GPU",
+    )
+    fsdp_blocks: list[str] = setting_from(
+        list,
+        "fsdp: class names of the blocks each sharded on their own (a list); empty: the "
+        "children of the model's largest ModuleList",
+    )
+    fsdp_reshard_after_forward: bool = setting(
+        True, "fsdp: free each block's gathered parameters after its forward (less memory)"
+    )
 
     def __post_init__(self) -> None:
         if self.backend:
             _one_of("dist", "backend", self.backend, ("gloo", "nccl"))
+        _one_of("dist", "strategy", self.strategy, ("ddp", "fsdp"))
         _positive("dist", timeout_s=self.timeout_s, bucket_cap_mb=self.bucket_cap_mb)
         for name in ("hang_timeout_s", "hang_slow_phase_s"):
             if getattr(self, name) < 0:

@@ -24,7 +24,11 @@ import time
 from typing import Any
 
 from hpcddp import run_files
-from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, has_sidecar
+from hpcddp.storage.checkpoint_names import (
+    CHECKPOINT_NAME,
+    has_sidecar,
+    sharded_complete_steps,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ def saved_step(run_dir: str | os.PathLike[str]) -> int:
     except OSError:
         return 0
     complete = [m for n in names if (m := CHECKPOINT_NAME.match(n)) and has_sidecar(n, names)]
-    steps = [int(m[1]) for m in complete]
+    steps = [int(m[1]) for m in complete] + sharded_complete_steps(folder)
     return max(steps, default=0)
 
 

@@ -40,6 +40,10 @@ RESUMABLE_CHANGES = {
     ("train", "stop_before_end_s"),
     ("train", "log_every_steps"),
     ("dist", "timeout_s"),
+    # a checkpoint resumes under either strategy (`hpcddp.train.resharding`)
+    ("dist", "strategy"),
+    ("dist", "fsdp_blocks"),
+    ("dist", "fsdp_reshard_after_forward"),
     ("slurm",),
 }
 

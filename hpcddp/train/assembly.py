@@ -13,20 +13,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.records import attempts
 from hpcddp.records.rundir import Attempt
-from hpcddp.train import building, data, ddp, guard, preemption, telemetry
+from hpcddp.train import building, data, ddp, guard, preemption, strategy, telemetry
 from hpcddp.train.checkpointing import Checkpointer, Trained
 from hpcddp.train.hang_watch import HangWatch
 from hpcddp.train.hooks import Hook, Hooks
 from hpcddp.train.metrics_writer import MetricsWriter
 from hpcddp.train.optim import make_optimizer, make_scheduler
 from hpcddp.train.progress_log import ProgressLog
+from hpcddp.train.sharded_checkpointing import ShardedCheckpointer
 from hpcddp.train.stepping import Stepper
 from hpcddp.train.task import Task
 from hpcddp.train.timeline import Timeline
@@ -49,7 +49,7 @@ class Parts:
     """One rank's model, data, optimizer and the helpers that step, guard, save and vote."""
 
     model: torch.nn.Module  # unwrapped: what is optimized, saved and evaluated
-    ddp: DDP
+    ddp: torch.nn.Module  # what runs the training forward (`hpcddp.train.strategy.Wrapped`)
     train_loader: Any
     eval_loader: Any
     total_steps: int
@@ -58,7 +58,7 @@ class Parts:
     guard: guard.Guard
     clock: telemetry.IntervalClock
     stepper: Stepper
-    checkpoints: Checkpointer
+    checkpoints: Checkpointer | ShardedCheckpointer
     vote: preemption.StopVote
     written: MetricsWriter
     hosts: list[str]
@@ -73,7 +73,9 @@ def assemble(
     cfg, env, device, run_dir = setting.cfg, setting.env, setting.device, setting.run_dir
     built = building.build(model_fn, dataset_fn, cfg, env, device)
     total_steps = _total_steps(built.train_loader, cfg, env)
-    model, wrapped = ddp.wrap(built.model, cfg, env, device)
+    spread = strategy.of(cfg)  # dist.strategy: how the model is wrapped, saved, loaded
+    wrapped = spread.wrap(built.model, cfg, env, device)
+    model = wrapped.model
     task = Task.resolve(cfg.task, model)
     optimizer = make_optimizer(model.parameters(), cfg.optim)
     scheduler = make_scheduler(optimizer, cfg.optim, total_steps)
@@ -83,15 +85,15 @@ def assemble(
     )
     clock = telemetry.IntervalClock(device)
     stepper = Stepper(
-        cfg, device, wrapped, model, optimizer, scheduler, scaler, task, nan_guard, clock
+        cfg, device, wrapped, optimizer, scheduler, scaler, task, nan_guard, clock, spread
     )
     trained = Trained(model, optimizer, scheduler, scaler)
-    checkpoints = Checkpointer(run_dir, cfg.train, cfg.dist.timeout_s, env, trained)
+    checkpoints = spread.checkpointer(run_dir, cfg, env, trained)
     vote = preemption.StopVote(env.backend, env.distributed, timeout_s=cfg.dist.timeout_s)
     written = MetricsWriter(cfg, env, device, built.hosts, clock, run_dir)  # a side group
     return Parts(
         model=model,
-        ddp=wrapped,
+        ddp=wrapped.forward,
         train_loader=built.train_loader,
         eval_loader=built.eval_loader,
         total_steps=total_steps,

@@ -46,7 +46,9 @@ def build(
     fault = None
     what = f"the model factory {usercode.name_of(model_fn)}"
     try:
-        model = _model(usercode.call(model_fn, cfg.model.kwargs, what, "model.kwargs"), device)
+        # fsdp: the whole model stays in host memory; fully_shard moves each rank's shards
+        home = device if cfg.dist.strategy == "ddp" else torch.device("cpu")
+        model = _model(usercode.call(model_fn, cfg.model.kwargs, what, "model.kwargs"), home)
         what = f"the dataset factory {usercode.name_of(dataset_fn)}"
         made = _loaders(model, dataset_fn, cfg, env, what)
     except Exception as err:  # told to every rank at the agreement point below

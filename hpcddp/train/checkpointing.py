@@ -13,7 +13,9 @@ file per node, which reads the weights straight into its model on the way where 
 belongs from the node's page cache, letting go of the mapped pages as it goes
 (`hpcddp.storage.mapped`), so a rank holds its training state plus one chunk. Only when
 every node's check passed is the rest (optimizer, scheduler, RNG, progress) restored;
-otherwise the next older one is tried.
+otherwise the next older one is tried. A checkpoint written at another world size resumes too
+(`hpcddp.train.resharding`), and so does a sharded one written under ``dist.strategy=fsdp``
+(`hpcddp.train.sharded_checkpointing`), each rank reading it whole.
 """
 
 import concurrent.futures
@@ -27,14 +29,14 @@ import torch
 
 from hpcddp.comm import collectives, waiting
 from hpcddp.comm.sidegroup import side_group
-from hpcddp.config import TrainConfig
+from hpcddp.config import Config
 from hpcddp.errors import CheckpointError, ConfigError, DistributedError, agreed
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.storage import into_place, mapped
 from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.storage.misfit import describe as misfit_of
 from hpcddp.storage.snapshot import Snapshot
-from hpcddp.train import preemption, rng
+from hpcddp.train import preemption, resharding, rng, sharded_checkpointing
 from hpcddp.train.state import Progress
 
 log = logging.getLogger(__name__)
@@ -65,14 +67,18 @@ class Checkpointer:
     def __init__(
         self,
         run_dir: pathlib.Path,
-        cfg: TrainConfig,
-        timeout_s: float,
+        cfg: Config,
         env: DistEnv,
         trained: Trained,
     ) -> None:
-        self.store = CheckpointStore(run_dir, keep_last=cfg.keep_checkpoints)
+        """``cfg``: train's saving, dist's timeout, and the batch and seed a checkpoint records
+        so that a resume at another world size keeps the global batch and reseeds."""
+        train, timeout_s = cfg.train, cfg.dist.timeout_s
+        self.shape = {"batch_size": cfg.data.batch_size, "grad_accum_steps": train.grad_accum_steps}
+        self.seed = cfg.run.seed
+        self.store = CheckpointStore(run_dir, keep_last=train.keep_checkpoints)
         self.run_dir, self.env, self.trained = run_dir, env, trained
-        self.in_background = cfg.checkpoint_async
+        self.in_background = train.checkpoint_async
         self.snapshot = Snapshot()
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None
         self._writing: tuple[int, concurrent.futures.Future] | None = None
@@ -144,7 +150,7 @@ class Checkpointer:
         """Everything exact resume needs, as weights_only-loadable data."""
         saved = dataclasses.replace(progress)
         if epoch_done:  # the checkpoint resumes at the start of the next epoch
-            saved.epoch, saved.batch = saved.epoch + 1, 0
+            saved.next_epoch()
         t = self.trained
         return {
             "model": t.model.state_dict(),
@@ -154,13 +160,14 @@ class Checkpointer:
             "progress": dataclasses.asdict(saved),
             "rng": rng_states,
             "world_size": self.env.world_size,
+            "data": self.shape,  # with world_size: the global batch a resume keeps
         }
 
     # -- resume ---------------------------------------------------------------------------
 
     def resume(self) -> Progress | None:
         """Load the newest checkpoint every node verifies, exactly as it was saved."""
-        complete = self.store.list_complete()
+        complete = resharding.complete(self.run_dir, self.store.keep_last)
         steps = collectives.all_gather_object(complete[-1][0] if complete else None)
         if len(set(steps)) > 1:
             raise DistributedError(
@@ -168,7 +175,7 @@ class Checkpointer:
                 "run.dir must be on a file system every node shares."
             )
         for step, path in reversed(complete):
-            progress = self._try(step, path)
+            progress = self._try(step, path) if path.suffix == ".pt" else _sharded(self, path)
             if progress is not None:
                 return progress
         if complete:
@@ -189,8 +196,6 @@ class Checkpointer:
         """
         state = self._loadable(path)
         problem = None if state is not None else "it does not load safely"
-        if state is not None:
-            _check_world_size(self.run_dir, step, state["world_size"], self.env.world_size)
         local_zero = self.env.local_rank == 0
         pieces = _in_place(path, self.trained.model, state) if local_zero else []
         planned = {piece.key for piece in pieces}
@@ -244,16 +249,26 @@ class Checkpointer:
 
     def _load_rest(self, step: int, state: dict[str, Any]) -> Progress:
         """Everything but the weights (already copied), from a verified checkpoint."""
-        t = self.trained
-        t.optimizer.load_state_dict(mapped.materialize(state["optimizer"]))
-        t.scheduler.load_state_dict(state["scheduler"])
-        if t.scaler and state["scaler"]:
-            t.scaler.load_state_dict(state["scaler"])
-        own = mapped.materialize(state["rng"][self.env.rank])
-        rng.restore(own, self._device, self.env.local_rank)
-        progress = Progress(**state["progress"])
+        self.trained.optimizer.load_state_dict(mapped.materialize(state["optimizer"]))
+        progress = resharding.restore_rest(
+            state, self.trained, self.env, self.seed, self.shape["batch_size"]
+        )
         log.info("resumed from step %d (epoch %d, batch %d)", step, progress.epoch, progress.batch)
         return progress
+
+
+def _sharded(checkpointer: Checkpointer, path: pathlib.Path) -> Progress | None:
+    """A checkpoint written under dist.strategy=fsdp, each rank reading it whole."""
+    progress = sharded_checkpointing.try_sharded(
+        path,
+        checkpointer.trained,
+        checkpointer.env,
+        checkpointer.seed,
+        checkpointer.shape["batch_size"],
+    )
+    if progress is not None:
+        log.info("resumed from %s", path.name)
+    return progress
 
 
 def _in_place(
@@ -265,13 +280,3 @@ def _in_place(
     if state is None or not mapped.fits(weights, state["model"]):
         return []
     return into_place.pieces(path, weights, state["model"])
-
-
-def _check_world_size(run_dir: pathlib.Path, step: int, saved: int, world_size: int) -> None:
-    """Exact resume needs the world size the checkpoint was written by."""
-    if saved != world_size:
-        raise ConfigError(
-            f"the checkpoint at step {step} in {run_dir} was written by {saved} ranks, this run "
-            f"has {world_size}; exact resume needs the same world size. HINT: relaunch with the "
-            "original number of tasks, or choose a new run.dir."
-        )

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Set, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hpcddp.config import DataConfig
 from hpcddp.errors import ConfigError
@@ -45,32 +45,61 @@ def refuse_empty_eval(eval_set: Any) -> None:
 
 
 class ResumableSampler(Sampler[int]):
-    """A DistributedSampler that can skip the first samples of this rank's share of an epoch."""
+    """DistributedSampler's order, resumable from a global position at any world size.
+
+    An epoch is one permutation of the dataset (seeded by ``seed + epoch``, as
+    DistributedSampler's, whatever the world size); rank r takes positions r, r+W, ... of
+    what is left of it. After every rank has drawn k samples the ranks together have drawn
+    exactly the first k*W positions, so where an epoch stands is one global number, samples
+    consumed: a run resumed on another number of ranks takes the rest of the permutation, each
+    sample once. From position 0 (and from any position at the same world size) the order,
+    padding and drop_last trimming are DistributedSampler's own, so runs stay bitwise equal.
+    """
 
     def __init__(
         self, dataset: Dataset[Any], env: DistEnv, *, shuffle: bool, seed: int, drop_last: bool
     ) -> None:
-        self.inner: DistributedSampler[int] = DistributedSampler(
-            dataset,
-            num_replicas=env.world_size,
-            rank=env.rank,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-        )
-        self.start = 0
+        self.size = len(_sized(dataset))
+        self.world, self.rank = env.world_size, env.rank
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = self.consumed = 0
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Reshuffle for ``epoch`` (as every rank must) and begin at sample ``start``."""
-        self.inner.set_epoch(epoch)
-        self.start = start
+    def set_epoch(self, epoch: int, consumed: int = 0) -> None:
+        """Reshuffle for ``epoch`` (as every rank must) and begin after ``consumed`` samples of
+        it, counted over all ranks."""
+        self.epoch, self.consumed = epoch, consumed
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.size, generator=generator).tolist()
+
+    def _rest(self, order: list[int]) -> list[int]:
+        """What is left of the epoch, trimmed or padded (from the epoch's head) to W shares."""
+        rest = order[self.consumed :]
+        if self.drop_last:
+            return rest[: len(rest) // self.world * self.world]
+        pad = -len(rest) % self.world
+        if pad and order:
+            rest += (order * (pad // len(order) + 1))[:pad]
+        return rest
 
     def __iter__(self) -> Iterator[int]:
-        indices = list(self.inner)
-        return iter(indices[self.start :])
+        return iter(self._rest(self._order())[self.rank :: self.world])
 
     def __len__(self) -> int:
-        return len(self.inner) - self.start
+        left = max(self.size - self.consumed, 0)
+        shares = left // self.world if self.drop_last else -(-left // self.world)
+        return shares
+
+    @property
+    def num_samples(self) -> int:
+        """Samples each rank draws in a whole epoch."""
+        if self.drop_last:
+            return self.size // self.world
+        return -(-self.size // self.world)
 
 
 class EvalShard(Sampler[int]):
@@ -161,12 +190,16 @@ def make_eval_loader(dataset: Dataset[Any], cfg: DataConfig, env: DistEnv) -> Da
     )
 
 
-def start_epoch(loader: DataLoader[Any], epoch: int, seed: int, skip_batches: int = 0) -> None:
-    """Position the loader at ``epoch`` after ``skip_batches`` batches, identically on resume."""
+def start_epoch(
+    loader: DataLoader[Any], epoch: int, seed: int, skip_batches: int = 0, before: int = 0
+) -> None:
+    """Position the loader at ``epoch`` after ``before`` samples (counted over all ranks,
+    `hpcddp.train.state.Progress.samples_before`) and then ``skip_batches`` batches of each
+    rank, identically on resume."""
     sampler, batch_size, generator = loader.sampler, loader.batch_size, loader.generator
     if not isinstance(sampler, ResumableSampler) or batch_size is None or generator is None:
         raise TypeError("start_epoch needs a loader made by make_train_loader")
-    sampler.set_epoch(epoch, start=skip_batches * batch_size)
+    sampler.set_epoch(epoch, consumed=before + skip_batches * batch_size * sampler.world)
     generator.manual_seed(seed * 100003 + epoch)
 
 
@@ -175,7 +208,7 @@ def samples_per_rank(loader: DataLoader[Any]) -> int:
     sampler = loader.sampler
     if not isinstance(sampler, ResumableSampler):
         raise TypeError("samples_per_rank needs a loader made by make_train_loader")
-    return sampler.inner.num_samples
+    return sampler.num_samples
 
 
 def _sized(dataset: Dataset[Any]) -> Sized:

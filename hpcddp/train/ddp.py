@@ -111,17 +111,21 @@ def first_batch(dataset: Any, batch_size: int) -> Any:
     )
 
 
-def settle_buckets(ddp: DDP, model: torch.nn.Module, batch: Any, precision: str, task) -> None:
+def settle_buckets(
+    ddp: torch.nn.Module, model: torch.nn.Module, batch: Any, precision: str, task
+) -> None:
     """One synchronized backward of a zero loss before training, changing nothing.
 
     DDP lays out its gradient buckets once, then rebuilds them in the order gradients became
     ready during the first synchronized backward. With more than two ranks the all-reduce adds
     in an order that depends on that layout, so a resumed run (whose first step would use the
     initial layout) drifted from an uninterrupted one in the last bits. Settling the layout here
-    makes every step of every run use the rebuilt one. Eval mode: no dropout draw, no batch-norm
-    statistics update; the zero gradients are dropped. ``batch`` is already on the device; the
-    zero loss is the step's own loss when a training_step hook makes it, else every floating
-    tensor of the output (a tuple, dict or ModelOutput), so every used parameter takes part.
+    makes every step of every run use the rebuilt one. Under fsdp (``ddp`` is then the sharded
+    model itself) it gathers and reduces zeros once, and counts the FLOPs all the same. Eval
+    mode: no dropout draw, no batch-norm statistics update; the zero gradients are dropped.
+    ``batch`` is already on the device; the zero loss is the step's own loss when a
+    training_step hook makes it, else every floating tensor of the output (a tuple, dict or
+    ModelOutput), so every used parameter takes part.
     """
     model.eval()
     with autocast(precision, _device_of(model)):

@@ -73,7 +73,8 @@ class TrainingRun:
         # max_steps, when set, decides alone: epochs then only count passes over the data
         while progress.step < self.parts.total_steps and (t.max_steps or progress.epoch < t.epochs):
             loader = self.parts.train_loader
-            data.start_epoch(loader, progress.epoch, self.cfg.run.seed, progress.batch)
+            at = progress.batch, progress.samples_before  # where this epoch resumes
+            data.start_epoch(loader, progress.epoch, self.cfg.run.seed, *at)
             batches_left = iter(loader), len(loader)
             reason = self._epoch(*batches_left)
             if reason:
@@ -103,8 +104,7 @@ class TrainingRun:
             if reason:
                 return reason
         if left == 0:  # not when max_steps ended the run inside the epoch
-            progress.epoch += 1
-            progress.batch = 0
+            progress.next_epoch()
         return None
 
     def _after_step(

@@ -1,21 +1,22 @@
 """One optimizer step: micro-batches in, gradients synchronized once, the guard consulted.
 
 Kept apart from the loop (`hpcddp.train.loop`) so that the arithmetic of a step, which the
-parity test compares bit for bit with a hand-written loop, reads in one place.
+parity test compares bit for bit with a hand-written loop, reads in one place. What differs
+between a replicated and a sharded model (accumulating without reducing, the total gradient
+norm) is the strategy's (`hpcddp.train.strategy`).
 """
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpcddp.config import Config
 from hpcddp.train import batches, ddp
 from hpcddp.train.guard import Guard, Seen
+from hpcddp.train.strategy import Strategy, Wrapped
 from hpcddp.train.task import Task
 from hpcddp.train.telemetry import IntervalClock
 
@@ -26,14 +27,18 @@ class Stepper:
 
     cfg: Config
     device: torch.device
-    ddp: DDP
-    model: torch.nn.Module  # unwrapped
+    wrapped: Wrapped  # the model, and what runs its training forward
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: "torch.amp.GradScaler | None"
     task: Task
     guard: Guard
     clock: IntervalClock
+    strategy: Strategy
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.wrapped.model
 
     def step(
         self, loader: Iterator[Any], window: int, number: int, logging_next: bool = False
@@ -56,11 +61,10 @@ class Stepper:
             clock.add("data_wait_s", time.perf_counter() - waited)
             samples, tokens = samples + batches.size_of(raw), tokens + batches.tokens_of(raw)
             batch = batches.to_device(raw, self.device)
-            sync = contextlib.nullcontext() if i == window - 1 else self.ddp.no_sync()
-            with sync:
+            with self.strategy.micro_batch(self.wrapped, last=i == window - 1):
                 with clock.phase("forward_s", measured):
                     with ddp.autocast(self.cfg.train.precision, self.device):
-                        loss = self.task.loss(self.ddp, self.model, batch) / window
+                        loss = self.task.loss(self.wrapped.forward, self.model, batch) / window
                     loss = self.guard.seeded(loss)
                 with clock.phase("backward_s", measured):
                     (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -78,7 +82,9 @@ class Stepper:
         """Check, clip, step; no step when the guard finds the gradients not finite."""
         clip = self.cfg.optim.grad_clip_norm
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(_grads(params)) if clip else None
+        # sharded gradients: the guard needs the whole norm (a probe sees one shard)
+        wanted = clip or (self.strategy.shards_gradients and self.guard.active)
+        norm = self.strategy.grad_norm(_grads(params)) if wanted else None
         skip, seen = self.guard.look(params, norm, number)
         if not skip:
             if norm is not None:
@@ -96,7 +102,7 @@ class Stepper:
         scaler.unscale_(self.optimizer)  # always: its found_inf is what the guard reads
         seen = self.guard.look_scaled(ddp.found_inf(scaler, self.optimizer), number)
         if clip:
-            norm = torch.nn.utils.get_total_norm(_grads(params))
+            norm = self.strategy.grad_norm(_grads(params))
             torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
         scaler.step(self.optimizer)
         scaler.update()

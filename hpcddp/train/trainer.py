@@ -27,7 +27,7 @@ from hpcddp.launch.resolve import check_backend, place
 from hpcddp.outcome import RunOutcome
 from hpcddp.records import rundir
 from hpcddp.storage.runlock import RunLock
-from hpcddp.train import preemption
+from hpcddp.train import preemption, resharding
 from hpcddp.train.assembly import RunSetting
 from hpcddp.train.factories import import_factory
 from hpcddp.train.hooks import Hook
@@ -144,9 +144,11 @@ class Trainer:
     ) -> RunOutcome:
         """Build and execute the run here, so nothing holds it once this returns."""
         notices = RunNotices(self.config, env)  # a run that fails while being built is told too
-        setting = RunSetting(self.config, env, device, run_dir, attempt, timeline)
         try:
             with timeline.phase("setup"):  # the model, data, optimizer and DDP: user code runs
+                # a checkpoint of another world size: the accumulation that keeps its batch
+                config = resharding.keep_global_batch(self.config, env, run_dir)
+                setting = RunSetting(config, env, device, run_dir, attempt, timeline)
                 side = [notices, *self.hooks]
                 run = assembled(self.model_fn, self.dataset_fn, setting, stop_flag, side)
         except Exception as err:

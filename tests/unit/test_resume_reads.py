@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpcddp.comm import waiting
-from hpcddp.config import TrainConfig
+from hpcddp.config import Config, TrainConfig
 from hpcddp.launch.resolve import resolve_env
 from hpcddp.storage import mapped
 from hpcddp.storage.checkpoint import CheckpointStore
@@ -25,7 +25,9 @@ def trained():
 def saved_at_step_3(tmp_path):
     """(a plain process's environment, the Checkpointer that saved step 3 synchronously)."""
     env = resolve_env({}, cuda_devices=lambda: 0)
-    saver = Checkpointer(tmp_path, TrainConfig(checkpoint_async=False), 300.0, env, trained())
+    saver = Checkpointer(
+        tmp_path, Config(train=TrainConfig(checkpoint_async=False)), env, trained()
+    )
     saver.save(Progress(step=3), epoch_done=False)
     return env, saver
 
@@ -42,7 +44,7 @@ def test_only_local_rank_zero_reads_the_file_to_verify_it(tmp_path, monkeypatch,
     )
     here = dataclasses.replace(env, local_rank=local_rank)
     fresh = trained()
-    progress = Checkpointer(tmp_path, TrainConfig(), 300.0, here, fresh).resume()
+    progress = Checkpointer(tmp_path, Config(), here, fresh).resume()
     assert progress is not None and progress.step == 3
     assert len(verified) == reads
     assert torch.equal(fresh.model.weight, saver.trained.model.weight)
@@ -51,7 +53,7 @@ def test_only_local_rank_zero_reads_the_file_to_verify_it(tmp_path, monkeypatch,
 def test_a_background_save_is_waited_for_and_then_loads(tmp_path):
     env = resolve_env({}, cuda_devices=lambda: 0)
     state = trained()
-    saver = Checkpointer(tmp_path, TrainConfig(), 300.0, env, state)
+    saver = Checkpointer(tmp_path, Config(), env, state)
     saver.save(Progress(step=1), epoch_done=True)
     saver.wait()
     with torch.no_grad():
@@ -81,7 +83,7 @@ def test_local_rank_zero_reads_the_weights_into_the_model_as_it_verifies(
     )
     fresh = trained()
     here = dataclasses.replace(env, local_rank=local_rank)
-    assert Checkpointer(tmp_path, TrainConfig(), 300.0, here, fresh).resume() is not None
+    assert Checkpointer(tmp_path, Config(), here, fresh).resume() is not None
     assert skipped == [in_place]  # what the copy left to the verifying read
     assert torch.equal(fresh.model.weight, saver.trained.model.weight)
     assert torch.equal(fresh.model.bias, saver.trained.model.bias)

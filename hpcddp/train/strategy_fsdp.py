@@ -1,0 +1,137 @@
+"""``dist.strategy: fsdp``: parameters, gradients and optimizer state sharded across the ranks.
+
+FSDP2's ``fully_shard`` on each repeated block, then on the root: a block's parameters are
+gathered just before its forward (and again for its backward) and freed after, so a rank holds
+its shard of everything plus one block whole. The blocks are the classes named in
+``dist.fsdp_blocks``, or else the children of the model's largest ``ModuleList`` (a
+transformer's layers) or ``Sequential`` of one repeated class. bf16 gathers bf16 parameters
+and reduces gradients in fp32; the sharded master weights and the optimizer state stay fp32.
+"""
+
+import contextlib
+import logging
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from hpcddp.config import Config
+from hpcddp.errors import ConfigError
+from hpcddp.launch.distenv import DistEnv
+from hpcddp.train.sharded_checkpointing import ShardedCheckpointer
+from hpcddp.train.strategy import Strategy, Wrapped
+
+log = logging.getLogger(__name__)
+
+
+class Fsdp(Strategy):
+    """FSDP2 (``fully_shard``); every rank writes its own shards of each checkpoint."""
+
+    name = "fsdp"
+    shards_gradients = True
+
+    def wrap(
+        self, model: torch.nn.Module, cfg: Config, env: DistEnv, device: torch.device
+    ) -> Wrapped:
+        _refuse_unsupported(cfg)
+        # the model was built in host memory (`hpcddp.train.building`): fully_shard moves only
+        # this rank's shards to the mesh's device, so a model bigger than one GPU fits
+        mesh = init_device_mesh(device.type, (env.world_size,))
+        precision = _policy(cfg.train.precision)
+        reshard = cfg.dist.fsdp_reshard_after_forward
+        found = blocks(model, cfg.dist.fsdp_blocks)
+        for block in found:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=precision)
+        # the root's own parameters (embeddings, head) are needed again at once by the backward
+        fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=precision)
+        log.info("fsdp: %d blocks sharded over %d ranks, then the root", len(found), env.world_size)
+        if cfg.train.compile:
+            model.compile()
+        return Wrapped(model, model)
+
+    def micro_batch(self, wrapped: Wrapped, last: bool) -> contextlib.AbstractContextManager[None]:
+        return _accumulating(wrapped.model, last)
+
+    def grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """Each rank's shards' norms, combined over the ranks (one all-reduce)."""
+        norm = torch.nn.utils.get_total_norm(grads)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def checkpointer(
+        self, run_dir: pathlib.Path, cfg: Config, env: DistEnv, trained: Any
+    ) -> ShardedCheckpointer:
+        return ShardedCheckpointer(run_dir, cfg, env, trained)
+
+
+@contextlib.contextmanager
+def _accumulating(model: torch.nn.Module, last: bool) -> Iterator[None]:
+    """Before the last micro-batch, no reduce-scatter and no reshard after the backward: the
+    unsharded gradients add up locally and the gathered parameters serve the next forward."""
+    assert isinstance(model, FSDPModule)
+    model.set_requires_gradient_sync(last)
+    model.set_reshard_after_backward(last)
+    yield
+
+
+def blocks(model: torch.nn.Module, names: list[str]) -> list[torch.nn.Module]:
+    """The modules each sharded on their own: of the classes ``names``, or else the children of
+    the largest ``ModuleList`` or repeating ``Sequential`` (by parameters); none without one."""
+    if names:
+        found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+        missing = set(names) - {type(m).__name__ for m in found}
+        if missing:
+            present = sorted({type(m).__name__ for m in model.modules()})
+            raise ConfigError(
+                f"dist.fsdp_blocks names {sorted(missing)}, which the model does not contain "
+                f"(its module classes: {', '.join(present[:12])}). HINT: name its repeated "
+                "block class (a transformer's layer), or leave dist.fsdp_blocks empty."
+            )
+        return _outermost(found)
+    lists = [m for m in model.modules() if _repeats(m)]
+    if not lists:
+        log.warning(
+            "fsdp: the model has no ModuleList (nor Sequential of one repeated class); only the "
+            "root is sharded. HINT: name its block class in dist.fsdp_blocks."
+        )
+        return []
+    largest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return list(largest.children())
+
+
+def _repeats(module: torch.nn.Module) -> bool:
+    """A ``ModuleList``, or a ``Sequential`` of two or more modules of one class (blocks)."""
+    if isinstance(module, torch.nn.ModuleList):
+        return len(module) > 0
+    kinds = {type(child) for child in module.children()}
+    return isinstance(module, torch.nn.Sequential) and len(module) > 1 and len(kinds) == 1
+
+
+def _outermost(found: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """A named block inside another is sharded with it, not on its own."""
+    inner = {id(sub) for m in found for sub in m.modules() if sub is not m}
+    return [m for m in found if id(m) not in inner]
+
+
+def _policy(precision: str) -> MixedPrecisionPolicy:
+    """bf16: parameters gathered in bf16, gradients reduced in fp32; fp32: as stored."""
+    if precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def _refuse_unsupported(cfg: Config) -> None:
+    if cfg.train.precision == "fp16":
+        raise ConfigError(
+            "train.precision=fp16 is not supported with dist.strategy=fsdp yet (loss scaling "
+            "over sharded gradients). HINT: use train.precision=bf16 (no loss scaling needed), "
+            "or dist.strategy=ddp."
+        )
+    if cfg.train.sync_batchnorm:
+        raise ConfigError(
+            "train.sync_batchnorm=true is not supported with dist.strategy=fsdp. HINT: set "
+            "train.sync_batchnorm=false, or use dist.strategy=ddp."
+        )
