@@ -10,7 +10,7 @@ from hpcddp.config import SlurmConfig, load_config
 from hpcddp.errors import ConfigError
 from hpcddp.slurm.chain import chained, submit_links
 from hpcddp.slurm.cpus_per_task import node_shapes
-from hpcddp.slurm.jobscript import render, submit
+from hpcddp.slurm.jobscript import JobSpec, render, submit
 from hpcddp.slurm.options import OPTIONS, with_options
 
 
@@ -25,12 +25,8 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in OPTIONS}
     config = load_config(config_path, overrides)
     script = render(
-        config,
-        config_path,
-        overrides,
-        python=args.python,
+        JobSpec(config, config_path, overrides, python=args.python, check=args.check),
         options=options,
-        check=args.check,
         node_shapes=node_shapes,  # a GPU job's default CPUs per task come from its nodes
     )
     if args.dry_run:

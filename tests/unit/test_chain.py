@@ -20,7 +20,7 @@ from hpcddp.records.rundir import Attempt
 from hpcddp.resilience import rules
 from hpcddp.slurm import chain, policy, submission, sweep_submit
 from hpcddp.slurm.chain_status import link_rows
-from hpcddp.slurm.jobscript import render
+from hpcddp.slurm.jobscript import JobSpec, render
 from hpcddp.slurm.options import sbatch_options
 from hpcddp.train import preemption
 from hpcddp.train.stopping import Stopping
@@ -74,11 +74,11 @@ def test_the_chain_s_name_is_one_per_run_directory(tmp_path, monkeypatch):
 
 def test_the_script_of_a_chain_carries_the_name_and_the_dependency(tmp_path):
     config = load_config(QUICKSTART, [f"run.dir={tmp_path}", "slurm.chain=3"])
-    lines = render(config, QUICKSTART, []).splitlines()
+    lines = render(JobSpec(config, QUICKSTART)).splitlines()
     assert f"#SBATCH --job-name={chain.chain_name('quickstart', tmp_path)}" in lines
     assert "#SBATCH --dependency=singleton" in lines
     # the pre-flight is one job: no chain
-    checked = render(config, QUICKSTART, [], check=True).splitlines()
+    checked = render(JobSpec(config, QUICKSTART, check=True)).splitlines()
     assert "#SBATCH --job-name=quickstart" in checked
     assert not any("dependency" in line for line in checked)
 

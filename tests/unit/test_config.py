@@ -177,7 +177,7 @@ def test_keys_that_name_no_setting_are_refused_everywhere(key):
     with pytest.raises(ConfigError, match="is not of the form section.key=value"):
         split_override(f"{key}=1")
     with pytest.raises(ConfigError, match="is not of the form section.key"):
-        jobscript.render(Config(), None, [f"{key}=1"])
+        jobscript.render(jobscript.JobSpec(Config(), None, [f"{key}=1"]))
     with pytest.raises(ConfigError, match="is not of the form section.key"):
         grid.sweep_points({key: [1]})
 

@@ -74,7 +74,9 @@ def job(tmp_path):
         config.write_text(json.dumps({"run": {"dir": str(tmp_path / "run")}}))
         script = tmp_path / "job.sbatch"
         slurm_config = from_dict({"slurm": slurm})
-        text = jobscript.render(slurm_config, str(config), [], python=sys.executable, check=check)
+        text = jobscript.render(
+            jobscript.JobSpec(slurm_config, str(config), python=sys.executable, check=check)
+        )
         script.write_text(text)
         command = ["bash", str(script), *args]
         return subprocess.run(

@@ -164,12 +164,12 @@ def test_the_job_script_asks_for_the_nodes_cpus_per_gpu():
         asked.append(partition)
         return [NodeShape(64, 4)]
 
-    text = jobscript.render(config, "c.yaml", [], node_shapes=nodes)
+    text = jobscript.render(jobscript.JobSpec(config, "c.yaml"), node_shapes=nodes)
     assert "#SBATCH --cpus-per-task=16" in text.splitlines() and asked == [""]
     torchrun = from_dict(
         {"slurm": {"gpus_per_node": 4, "tasks_per_node": 4, "launcher": "torchrun"}}
     )
-    text = jobscript.render(torchrun, "c.yaml", [], node_shapes=nodes)
+    text = jobscript.render(jobscript.JobSpec(torchrun, "c.yaml"), node_shapes=nodes)
     assert "#SBATCH --cpus-per-task=64" in text.splitlines()  # one task holds the node's ranks
-    cpu_only = jobscript.render(from_dict({}), "c.yaml", [], node_shapes=nodes)
+    cpu_only = jobscript.render(jobscript.JobSpec(from_dict({}), "c.yaml"), node_shapes=nodes)
     assert "#SBATCH --cpus-per-task=1" in cpu_only.splitlines() and len(asked) == 2

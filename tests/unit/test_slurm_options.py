@@ -96,7 +96,7 @@ def test_a_flag_overrides_the_config_and_the_script_says_so(field, monkeypatch):
     if field == "mail_type":  # mail needs an address; the row's check says so
         config = from_dict({**config.to_dict(), "slurm": {"mail_user": "me@example.org"}})
     given = {option.dest: option.flag.example}
-    script = jobscript.render(config, "examples/quickstart.yaml", [], options=given)
+    script = jobscript.render(jobscript.JobSpec(config, "examples/quickstart.yaml"), options=given)
     assert options.with_options(config.slurm, given).__dict__[field] == option.flag.example
     assert " ".join(cli_args(option)).replace(" ", "=") in script.splitlines()[1]
 
