@@ -12,6 +12,7 @@ import ctypes
 import logging
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from hpcddp.launch import deaths, error_reports
+from hpcddp.launch.ports import PORT_BASE, PORT_SPAN
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +41,25 @@ _FOREIGN = (
 )
 
 
-def free_port() -> int:
-    """A port the kernel says is free now (a local launch owns the whole host's view)."""
-    with socket.socket() as sock:
+def free_port(tries: int = 64) -> int:
+    """A port free now, below the kernel's ephemeral range (`hpcddp.launch.ports`).
+
+    Between this check and rank 0's bind the port is nobody's: one from the ephemeral range
+    (what binding port 0 gives) can meanwhile go to any outgoing connection on the host, which
+    happened under load; below that range only another listener picking the same port could
+    take it."""
+    for _ in range(tries):
+        port = random.randrange(PORT_BASE, PORT_BASE + PORT_SPAN)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use: try another
+            return port
+    with socket.socket() as sock:  # that whole range busy: let the kernel choose
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

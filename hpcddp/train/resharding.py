@@ -12,12 +12,14 @@ import dataclasses
 import json
 import logging
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from hpcddp.comm import collectives
 from hpcddp.config import Config
-from hpcddp.errors import ConfigError, agreed
+from hpcddp.errors import CheckpointError, ConfigError, DistributedError, agreed
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.storage import mapped
 from hpcddp.storage.checkpoint import CheckpointStore
@@ -35,6 +37,36 @@ def complete(run_dir: pathlib.Path, keep_last: int = 3) -> list[tuple[int, pathl
     by_step = dict(CheckpointStore(run_dir, keep_last).list_complete())
     by_step.update(ShardedStore(run_dir, keep_last).list_complete())
     return sorted(by_step.items())
+
+
+def newest_usable(
+    run_dir: pathlib.Path,
+    keep_last: int,
+    load: Callable[[int, pathlib.Path], Progress | None],
+) -> Progress | None:
+    """Resume from the newest complete checkpoint that ``load`` takes (None from ``load``: every
+    rank alike could not use it, so the next older one is tried); None when there is none.
+
+    Every strategy's resume goes through here, so a run never starts over while a checkpoint
+    exists: when none of them is usable it is an error, not a fresh start."""
+    found = complete(run_dir, keep_last)
+    steps = collectives.all_gather_object(found[-1][0] if found else None)
+    if len(set(steps)) > 1:
+        raise DistributedError(
+            f"ranks see different latest checkpoints {steps}. HINT: "
+            "run.dir must be on a file system every node shares."
+        )
+    for step, path in reversed(found):
+        progress = load(step, path)
+        if progress is not None:
+            return progress
+    if found:
+        raise CheckpointError(
+            f"none of the {len(found)} checkpoints in {found[-1][1].parent} is usable "
+            "(see warnings above); expected at least one that verifies. HINT: restore one "
+            "from backup, or move the directory away to deliberately start from scratch."
+        )
+    return None
 
 
 def shape_of(path: pathlib.Path) -> dict[str, Any]:

@@ -30,12 +30,12 @@ from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_st
 from hpcddp.comm import collectives, waiting
 from hpcddp.comm.sidegroup import side_group
 from hpcddp.config import Config
-from hpcddp.errors import CheckpointError, DistributedError
+from hpcddp.errors import CheckpointError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.storage import atomic, mapped
 from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.storage.sharded import EXTRAS, ShardedStore
-from hpcddp.train import preemption, resharding, rng, sharded_state
+from hpcddp.train import preemption, resharding, rng, sharded_state, write_in_flight
 from hpcddp.train.state import Progress
 
 log = logging.getLogger(__name__)
@@ -115,13 +115,9 @@ class ShardedCheckpointer:
                 )
 
     def _finish_writing(self) -> None:
-        if self._writing is None:
-            return
-        step, future = self._writing
-        self._writing = None
-        if not future.done() and step:
-            log.info("waiting for the checkpoint of step %d to be written", step)
-        future.result()
+        """This rank's write in flight, if any; raise what it raised."""
+        writing, self._writing = self._writing, None
+        write_in_flight.finish(writing)
 
     def _stage(self) -> dict[str, Any]:
         """This rank's shards copied to host buffers made at the first save."""
@@ -168,29 +164,18 @@ class ShardedCheckpointer:
 
     def resume(self) -> Progress | None:
         """Load the newest checkpoint every rank can use, sharded or whole."""
-        complete = resharding.complete(self.run_dir, self.store.keep_last)
-        steps = collectives.all_gather_object(complete[-1][0] if complete else None)
-        if len(set(steps)) > 1:
-            raise DistributedError(
-                f"ranks see different latest checkpoints {steps}. HINT: "
-                "run.dir must be on a file system every node shares."
-            )
+        return resharding.newest_usable(self.run_dir, self.store.keep_last, self._load)
+
+    def _load(self, step: int, path: pathlib.Path) -> Progress | None:
+        """A sharded checkpoint (each rank reads its slice) or a whole one (ddp's)."""
         batch_size = self.shape["batch_size"]
-        for step, path in reversed(complete):
-            if path.suffix == ".dcp":
-                progress = try_sharded(path, self.trained, self.env, self.seed, batch_size)
-            else:
-                progress = self._try_whole(path)
-            if progress is not None:
-                log.info("resumed from step %d (%s)", step, path.name)
-                return progress
-        if complete:
-            raise CheckpointError(
-                f"none of the {len(complete)} checkpoints in {self.store.directory} is usable "
-                "(see warnings above). HINT: restore one from backup, or move the directory "
-                "away to deliberately start from scratch."
-            )
-        return None
+        if path.suffix == ".dcp":
+            progress = try_sharded(path, self.trained, self.env, self.seed, batch_size)
+        else:
+            progress = self._try_whole(path)
+        if progress is not None:
+            log.info("resumed from step %d (%s)", step, path.name)
+        return progress
 
     def _try_whole(self, path: pathlib.Path) -> Progress | None:
         """A ddp checkpoint (whole tensors) into the sharded model: each rank keeps its slice."""

@@ -100,14 +100,20 @@ def test_different_config_is_not_resumed_into(tmp_path):
     assert Trainer(config=forced).fit(resolve_env({})).summary.steps == 4
 
 
-def test_resume_with_another_world_size_is_refused(tmp_path):
-    config = load_config(QUICKSTART, [f"run.dir={tmp_path}", *EXACT, "train.max_steps=2"])
-    Trainer(config=config).fit(resolve_env({}))
-    result = run_cli(
-        "train", QUICKSTART, f"run.dir={tmp_path}", *EXACT, "train.max_steps=2", "--nproc", "2"
-    )
-    assert result.returncode == 2
-    assert "written by 1 ranks, this run has 2" in result.stderr
+def test_resume_at_another_world_size_keeps_the_global_batch(tmp_path):
+    """Stopped on 1 rank accumulating 2 micro-batches, resumed on 2 ranks accumulating 1: the
+    same global batch, from the step it stopped at (a restart would log steps 1 and 2 again)."""
+    common = [f"run.dir={tmp_path}", *EXACT, "train.max_steps=4", "train.log_every_steps=1"]
+    first = run_cli("train", QUICKSTART, *common, "train.stop_after_steps=2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert not (tmp_path / "summary.json").exists()
+    second = run_cli("train", QUICKSTART, *common, "--nproc", "2")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "train.grad_accum_steps 2 -> 1 keeps the global batch of 64 samples" in second.stderr
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "loss" in line] == [1, 2, 3, 4]
+    ended = read_summary(tmp_path)
+    assert ended is not None and (ended.world_size, ended.steps) == (2, 4)
 
 
 def test_fp16_trains_on_cpu_with_loss_scaling(tmp_path):

@@ -25,7 +25,7 @@ from hpcddp.storage.checkpoint import CheckpointStore
 from tests.fixtures.checkpoints import read, resumed, trainer_state
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-LOGGER = "hpcddp.train.checkpointing"  # resume's warnings
+LOGGER = "hpcddp.train.whole_resume"  # resume's warnings
 
 
 def _state(value: float = 0.0, step: int = 0) -> dict:

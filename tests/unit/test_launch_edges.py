@@ -200,3 +200,24 @@ def test_a_device_refusal_keeps_the_place_so_the_others_can_be_told():
     env, refusal = place(step(2, 1, 0, HPCDDP_DEVICE="cuda"), cuda_devices=lambda: 0, hostname="n2")
     assert (env.rank, env.master_addr, env.hostname) == (2, "n1", "n2")
     assert isinstance(refusal, LaunchError) and "sees no GPU" in str(refusal)
+
+
+def test_a_local_launch_takes_a_free_port_below_the_ephemeral_range(monkeypatch):
+    """The port is free when chosen and nobody's until rank 0 binds it: one in the ephemeral
+    range could meanwhile go to any outgoing connection (a suite run hit that)."""
+    import random
+    import socket
+
+    from hpcddp.launch import local
+    from hpcddp.launch.ports import EPHEMERAL_RANGE, PORT_BASE, PORT_SPAN
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        candidates = iter([taken, PORT_BASE + 7])  # the first is in use: it must be passed over
+        monkeypatch.setattr(random, "randrange", lambda *_: next(candidates))
+        assert local.free_port() == PORT_BASE + 7
+    monkeypatch.undo()
+    ports = {local.free_port() for _ in range(20)}
+    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN < EPHEMERAL_RANGE[0] for p in ports)

@@ -15,6 +15,10 @@ from hpcddp.slurm import policy
 
 ABORTED_N1 = "srun: error: n1: task 0: Aborted"  # the waiter, killed by NCCL's watchdog
 
+# the job script's question after srun reported n1's task aborted (NCCL's watchdog killed it)
+AFTER_N1_ABORTED = ("after", "--status", "134", "--srun-error", ABORTED_N1, "--node-states")
+AFTER_N1_ABORTED += ("n1 idle\nn2 idle\nn3 idle",)
+
 
 def entry(seq, state="completed", group=("0", "default_pg"), op="nccl:all_reduce"):
     return {"record_id": seq, "pg_id": 0, "process_group": group, "collective_seq_id": seq,
@@ -50,15 +54,7 @@ def test_the_hung_node_is_excluded_not_the_waiter_nccl_aborted(tmp_path, capsys)
     run_dir = tmp_path / "run"
     write_attempt(run_dir, {0: dump_bytes(4, side_group_seq=9), 1: dump_bytes(3)})
     environ = {"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
-    argv = [
-        "after",
-        "--status",
-        "134",
-        "--srun-error",
-        ABORTED_N1,
-        "--node-states",
-        "n1 idle\nn2 idle\nn3 idle",
-    ]
+    argv = list(AFTER_N1_ABORTED)
     argv += ["--excluded", "(null)", f"run.dir={run_dir}"]
     assert policy.main(argv, environ) == 0
     out, err = capsys.readouterr()
@@ -74,15 +70,7 @@ def test_without_dumps_srun_s_first_failed_node_is_excluded_as_before(tmp_path, 
     run_dir = tmp_path / "run"
     write_attempt(run_dir, {})
     environ = {"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
-    argv = [
-        "after",
-        "--status",
-        "134",
-        "--srun-error",
-        ABORTED_N1,
-        "--node-states",
-        "n1 idle\nn2 idle\nn3 idle",
-    ]
+    argv = list(AFTER_N1_ABORTED)
     assert policy.main([*argv, "--excluded", "(null)", f"run.dir={run_dir}"], environ) == 0
     assert capsys.readouterr().out == "requeue 134 n1\n"
 
