@@ -495,6 +495,16 @@ class SlurmConfig:
         "nodes held in reserve on top of slurm.nodes: when a rank dies, training restarts "
         "within the job on a spare instead of requeueing the job",
     )
+    shrink_on_failure: bool = setting(
+        False,
+        "when a rank dies and no spare is left, restart within the job on the nodes that "
+        "remain (fewer ranks, the global batch kept) instead of requeueing, down to "
+        "slurm.min_nodes",
+    )
+    min_nodes: int = setting(
+        0,
+        "the fewest nodes slurm.shrink_on_failure goes on with; 0: all of slurm.nodes",
+    )
     chain: int = setting(
         1,
         "submit the run as this many jobs linked by --dependency=singleton, each resuming "
@@ -516,7 +526,9 @@ class SlurmConfig:
             signal_delay_s=self.signal_delay_s,
             max_failures=self.max_failures,
             spare_nodes=self.spare_nodes,
+            min_nodes=self.min_nodes,
         )
+        _floor_within(self)
         _one_of("slurm", "launcher", self.launcher, LAUNCHERS)
         _strings("slurm.setup", self.setup)
         if any("\n" in line for line in self.setup):
@@ -531,6 +543,16 @@ class SlurmConfig:
         """Whether the run goes as a chain of jobs (``slurm.chain`` > 1): the one spelling of
         that question (`hpcddp.slurm.chain`)."""
         return self.chain > 1
+
+
+def _floor_within(slurm: SlurmConfig) -> None:
+    """A shrunken job never has more nodes than the job asked for."""
+    if slurm.min_nodes > slurm.nodes:
+        raise ConfigError(
+            f"slurm.min_nodes={slurm.min_nodes} is above slurm.nodes={slurm.nodes}: a job "
+            "shrinks from its nodes, never grows. HINT: set slurm.min_nodes between 1 and "
+            f"{slurm.nodes} (0: all of slurm.nodes, never shrink below what was asked)."
+        )
 
 
 def _chain_alone(slurm: SlurmConfig) -> None:

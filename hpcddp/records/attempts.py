@@ -77,7 +77,8 @@ class Ended:
     after a failure: ``restart`` (in the same job, on a spare node), ``requeue`` or ``stop``.
     ``times`` are its recovery times (``detected`` for a failure; ``started``, ``loaded``,
     ``first_step`` for its start). ``size`` is what it held: ``gpus``, ``allocated_nodes``
-    (spares included), for its cost (`hpcddp.records.cost`).
+    (spares included), for its cost (`hpcddp.records.cost`). ``shrank``: ``from_nodes`` and
+    ``to_nodes`` when the job went on with fewer nodes (``slurm.shrink_on_failure``).
     """
 
     job: str
@@ -90,6 +91,7 @@ class Ended:
     then: str | None = None
     times: dict[str, float] | None = None
     size: dict[str, int] | None = None
+    shrank: dict[str, int] | None = None
 
 
 def record(run_dir: str | os.PathLike[str], ended: Ended) -> None:
@@ -102,6 +104,8 @@ def record(run_dir: str | os.PathLike[str], ended: Ended) -> None:
         entry["excluded"] = e.excluded
     if e.then:
         entry["then"] = e.then
+    if e.shrank:
+        entry["shrank"] = e.shrank
     entry.update(e.times or {})
     entry.update(e.size or {})
     _append(run_dir, entry)
@@ -172,6 +176,7 @@ def history(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
             "steps_gained": max(int(r.get("step", 0)) - int(r.get("from_step", 0)), 0),
             **({"excluded": r["excluded"]} if r.get("excluded") else {}),
             **({"then": r["then"]} if r.get("then") else {}),
+            **({"shrank": r["shrank"]} if r.get("shrank") else {}),
         }
         for number, r in enumerate(records(run_dir), start=1)
     ]

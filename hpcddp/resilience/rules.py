@@ -5,7 +5,9 @@ When each rule is asked, and by whom:
 
 - before the first step (the job script): `first_hosts`, the nodes of the first step;
 - after a step ended (the job script): `after_step`, and `after_failure` for a rank's death:
-  a failure is retried (restart on a spare, else requeue without its node) at most
+  a failure is retried (restart on a spare; else, with ``slurm.shrink_on_failure``, restart
+  on the nodes that remain if they are at least ``slurm.min_nodes``; else requeue without its
+  node) at most
   ``slurm.max_failures`` times per job, never for bad input (exit status 2: no node fixes
   that), never after a retry that gained no step (the fault follows the job, not the node), and
   never when too few usable nodes would remain; a step that stopped for the time limit but could
@@ -96,6 +98,7 @@ class Decision:
     avoid: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     cancel: tuple[str, ...] = ()  # a chain's links left, when the run ended for good
+    shrank: tuple[int, ...] = ()  # (nodes before, nodes after) when a run goes on with fewer
 
     @property
     def refused(self) -> bool:
@@ -113,6 +116,14 @@ class Decision:
 
 
 @dataclasses.dataclass(frozen=True)
+class Shrinking:
+    """``slurm.shrink_on_failure``: with no spare left, a run goes on with the nodes that
+    remain, never fewer than ``min_nodes`` (0: all the nodes a step runs on, so never)."""
+
+    min_nodes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Situation:
     """The job's state as the script and the run directory describe it."""
 
@@ -125,6 +136,7 @@ class Situation:
     allocation: tuple[str, ...]  # the job's nodes, in Slurm's order
     spare_nodes: int  # how many of them were held in reserve (slurm.spare_nodes)
     avoid: tuple[str, ...] = ()  # nodes of the allocation that failed in this job
+    shrinking: Shrinking | None = None  # None: never go on with fewer nodes
 
     @property
     def needed(self) -> int:
@@ -186,7 +198,7 @@ def after_failure(failure: Failure, now: Situation) -> Decision:
         )
     count = f"failure {failures + 1} of at most {now.max_failures}; this attempt saved "
     count += f"{now.gained} steps"
-    restart = _restart(failure, now, count)
+    restart = _restart(failure, now, count) or _shrink(failure, now, count)
     return restart if restart is not None else _requeue(failure, now, count)
 
 
@@ -200,7 +212,7 @@ def _restart(failure: Failure, now: Situation, count: str) -> Decision | None:
     node's place; None when the healthy nodes are too few (no spare left)."""
     if not now.spare_nodes:
         return None
-    avoid = tuple(dict.fromkeys([*now.avoid, *([failure.node] if failure.node else [])]))
+    avoid = _failed_nodes(failure, now)
     healthy = [host for host in now.allocation if host not in avoid]
     if len(healthy) < now.needed:
         return None
@@ -213,6 +225,34 @@ def _restart(failure: Failure, now: Situation, count: str) -> Decision | None:
         hosts=hosts,
         avoid=avoid,
     )
+
+
+def _shrink(failure: Failure, now: Situation, count: str) -> Decision | None:
+    """The step again on every healthy node left, fewer than before (the ranks resume at the
+    smaller world size, the global batch kept by `hpcddp.train.resharding`); None when
+    shrinking is off, the failed node is unknown, or fewer than the floor would remain."""
+    if now.shrinking is None or not failure.node:
+        return None
+    avoid = _failed_nodes(failure, now)
+    before = min(len([h for h in now.allocation if h not in now.avoid]), now.needed)
+    hosts = tuple(host for host in now.allocation if host not in avoid)[: now.needed]
+    floor = now.shrinking.min_nodes or now.needed
+    if not hosts or len(hosts) < floor or len(hosts) >= before:
+        return None
+    return Decision(
+        Action.RUN,
+        f"hpcddp: {failure.what}; no spare left, shrinking from {before} to {len(hosts)} "
+        f"node(s) (slurm.min_nodes={floor}): restarting in job {now.job} on {','.join(hosts)} "
+        f"without {','.join(avoid)} ({count})",
+        hosts=hosts,
+        avoid=avoid,
+        shrank=(before, len(hosts)),
+    )
+
+
+def _failed_nodes(failure: Failure, now: Situation) -> tuple[str, ...]:
+    """The nodes of the allocation this job has seen fail, this failure's included, once each."""
+    return tuple(dict.fromkeys([*now.avoid, *([failure.node] if failure.node else [])]))
 
 
 def _requeue(failure: Failure, now: Situation, count: str) -> Decision:

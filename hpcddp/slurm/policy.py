@@ -19,7 +19,9 @@ It is asked once before the first step (``first``) and after every step (``after
 ``slurm.spare_nodes=K`` the job holds N+K nodes: steps run on the first N healthy ones of its
 node list, and a rank death restarts the step at once on the healthy nodes plus a spare, the
 failed node left out, in the same job (no requeue, no queue wait); the ranks resume from the
-latest checkpoint with the same world size. With no spare left, the job is requeued without
+latest checkpoint with the same world size. With no spare left and ``slurm.shrink_on_failure``,
+the step restarts the same way on the nodes that remain, with fewer ranks, while they are at
+least ``slurm.min_nodes``. Otherwise the job is requeued without
 the failed node instead (a broken node looks idle, so a plain rerun lands on it again). Which
 partition nodes count as usable for that requeue is decided from ``sinfo``'s own lines
 (``--node-states``). Why, in one line, goes to stderr; each failed attempt goes to
@@ -49,6 +51,7 @@ from hpcddp.resilience.rules import (
     Action,
     Decision,
     Failure,
+    Shrinking,
     Situation,
     after_failure,
     after_step,
@@ -89,6 +92,7 @@ def situation(config: Config, args: argparse.Namespace, environ: Mapping[str, st
         allocation=allocation(environ),
         spare_nodes=config.slurm.spare_nodes,
         avoid=_hosts(args.avoid),
+        shrinking=Shrinking(config.slurm.min_nodes) if config.slurm.shrink_on_failure else None,
     )
 
 
@@ -182,10 +186,19 @@ def _after_step(args: argparse.Namespace, environ: Mapping[str, str]) -> Decisio
             then=THEN[decision.action],
             times={"detected": verdict["detected"]} if verdict else None,
             size={"allocated_nodes": len(now.allocation)} if now.allocation else None,
+            shrank=_shrank(decision),
         ),
     )
     _tell(config, environ, decision, failure if verdict else None)
     return decision
+
+
+def _shrank(decision: Decision) -> dict[str, int] | None:
+    """How far the job shrank for its next step, for its attempt's record; None: it did not."""
+    if not decision.shrank:
+        return None
+    before, after = decision.shrank
+    return {"from_nodes": before, "to_nodes": after}
 
 
 def _tell(

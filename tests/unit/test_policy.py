@@ -7,11 +7,14 @@ import json
 import pytest
 
 from hpcddp import exit_codes
+from hpcddp.config import load_config
+from hpcddp.errors import ConfigError
 from hpcddp.records import attempts
 from hpcddp.resilience.rules import (
     Action,
     Decision,
     Failure,
+    Shrinking,
     Situation,
     after_failure,
     after_step,
@@ -229,3 +232,86 @@ def test_the_helper_reads_sinfo_s_lines_for_the_nodes_a_requeue_could_use(tmp_pa
     assert policy.main([*argv, f"run.dir={tmp_path}"], environ) == 0
     out, err = capsys.readouterr()
     assert out == "stop 137\n" and "the partition has 1 usable node(s) for a job of 2" in err
+
+
+# -- shrinking: no spare left, go on with the nodes that remain ---------------------------------
+
+ONE_UP = Shrinking(min_nodes=1)
+KILLED_N3 = Failure(137, "n3", "task 1 on n3: Killed")
+SPARE_USED = {"spare_nodes": 1, "avoid": ("n2",), "earlier": [FAILED_BEFORE]}
+
+# (id, failure, situation, what the job script reads, words of the one line)
+SHRINK = [
+    ("shrinks-to-the-survivor", KILLED_N2, situation(shrinking=ONE_UP), "run n1 n2", "from 2 to 1"),
+    ("off-requeues", KILLED_N2, situation(), "requeue 137 n2", "requeueing job 12"),
+    ("floor-defaults-to-all", KILLED_N2, situation(shrinking=Shrinking()), "requeue 137 n2", ""),
+    (
+        "below-the-floor-requeues",
+        KILLED_N2,
+        situation(allocation=THREE, shrinking=Shrinking(3)),
+        "requeue 137 n2",
+        "requeueing job 12",
+    ),
+    (
+        "at-the-floor-shrinks",
+        KILLED_N2,
+        situation(allocation=THREE, shrinking=Shrinking(2)),
+        "run n1,n3 n2",
+        "shrinking from 3 to 2 node(s) (slurm.min_nodes=2): restarting in job 12 on n1,n3",
+    ),
+    (
+        "a-spare-comes-first",
+        KILLED_N2,
+        situation(allocation=THREE, spare_nodes=1, shrinking=ONE_UP),
+        "run n1,n3 n2",
+        "restarting in job 12 on n1,n3 without n2",
+    ),
+    (
+        "after-the-spare-shrinks",
+        KILLED_N3,
+        situation(allocation=THREE, shrinking=ONE_UP, **SPARE_USED),
+        "run n1 n2,n3",
+        "shrinking from 2 to 1 node(s)",
+    ),
+    (
+        "an-unknown-node-requeues",
+        Failure(137, "", "the step exited with status 137"),
+        situation(shrinking=ONE_UP),
+        "requeue 137",
+        "requeueing job 12",
+    ),
+    ("limits-still-hold", KILLED_N2, situation(shrinking=ONE_UP, max_failures=0), "stop 137", ""),
+]
+
+
+@pytest.mark.parametrize(
+    "failure, now, said, words", [r[1:] for r in SHRINK], ids=[r[0] for r in SHRINK]
+)
+def test_with_no_spare_left_a_run_shrinks_down_to_its_floor(failure, now, said, words):
+    decision = after_failure(failure, now)
+    assert decision.as_output() == said, decision.message
+    assert words in decision.message
+    assert ("shrinking" in decision.message) == bool(decision.shrank)
+
+
+def test_the_helper_records_how_far_the_job_shrank(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    environ = {"SLURM_JOB_ID": "12", "SLURM_JOB_NODELIST": "n[1-2]"}
+    common = [f"run.dir={run_dir}", "slurm.nodes=2", "slurm.shrink_on_failure=true"]
+    argv = ["after", "--status", "137", "--srun-error", KILLED, *common, "slurm.min_nodes=1"]
+    assert policy.main(argv, environ) == 0
+    out, err = capsys.readouterr()
+    assert out == "run n1 n2\n" and "shrinking from 2 to 1 node(s)" in err
+    (record,) = attempts.history(run_dir)
+    assert (record["then"], record["shrank"]) == ("restart", {"from_nodes": 2, "to_nodes": 1})
+    # the floor left at its default (all of slurm.nodes): today's requeue, nothing shrank
+    assert policy.main([*argv[:-1], f"run.dir={tmp_path / 'run2'}"], environ) == 0
+    assert capsys.readouterr().out == "requeue 137 n2\n"
+    assert "shrank" not in attempts.history(tmp_path / "run2")[0]
+
+
+@pytest.mark.parametrize("floor, words", [(3, "above slurm.nodes=2"), (-1, "slurm.min_nodes")])
+def test_a_floor_outside_the_job_is_refused_with_a_hint(floor, words):
+    with pytest.raises(ConfigError, match="HINT") as refused:
+        load_config(None, ["slurm.nodes=2", f"slurm.min_nodes={floor}"])
+    assert words in str(refused.value)
