@@ -102,7 +102,8 @@ step_on() {
     if [[ $1 == all ]]; then
         nodes=(${hosts[@]+"${hosts[@]}"}) # torchrun's; srun needs no list
     else
-        # A part of the job's nodes: srun would otherwise spread the job's tasks over it.
+        # A part of the job's nodes (all but the spares, or those left after a node failed,
+        # fewer when the run shrinks): srun would otherwise spread the job's tasks over it.
         IFS=, read -r -a nodes <<<"$1"
         step_args=(--nodes="${#nodes[@]}" --nodelist="$1" --ntasks="$((${#nodes[@]} * per_node))")
     fi

@@ -737,3 +737,38 @@ def test_spare_nodes_are_asked_for_by_the_script_and_refused_by_submit():
     assert "--nodes=3" in sbatch_lines(render(spare))
     with pytest.raises(ConfigError, match="slurm.spare_nodes=1: restarting on a spare node"):
         submission.executor_parameters(spare.slurm)
+
+
+# The step's first run loses its ranks on n2 (as srun says it); the next one ends well.
+DIES_ON_N2_ONCE = f"""#!{sys.executable}
+import json, os, sys
+log = os.path.join(os.environ["STUB_DIR"], "srun.json")
+first = not os.path.exists(log)
+with open(log, "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if first:
+    print("srun: error: n2: tasks 2-3: Killed", file=sys.stderr)
+    sys.exit(137)
+"""
+
+
+def test_a_shrunken_step_runs_on_the_nodes_left_with_their_tasks_alone(stubs, tmp_path):
+    """n2 of n[1-2] dies with no spare: the next step's srun is told the one node left and its
+    tasks (2 per node), not the job's geometry, which would spread 4 tasks over it."""
+    bin_dir, env = stubs
+    stub(bin_dir, "srun", DIES_ON_N2_ONCE)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"run: {{dir: {tmp_path / 'run'}}}\n"
+        "slurm: {nodes: 2, tasks_per_node: 2, shrink_on_failure: true, min_nodes: 1}\n"
+    )
+    script = tmp_path / "job.sbatch"
+    script.write_text(render(slurm_config(), str(config), python=sys.executable))
+    env["SLURM_NTASKS_PER_NODE"] = "2"
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    first, second = calls(tmp_path, "srun")
+    assert not any(arg.startswith(("--nodes", "--nodelist", "--ntasks")) for arg in first)
+    assert second[1:4] == ["--nodes=1", "--nodelist=n1", "--ntasks=2"], second
+    assert "shrinking from 2 to 1 node(s)" in done.stderr
+    assert "requeue" not in sum(calls(tmp_path, "scontrol"), [])  # the job itself goes on
