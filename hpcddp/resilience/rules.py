@@ -230,14 +230,14 @@ def _restart(failure: Failure, now: Situation, count: str) -> Decision | None:
 def _shrink(failure: Failure, now: Situation, count: str) -> Decision | None:
     """The step again on every healthy node left, fewer than before (the ranks resume at the
     smaller world size, the global batch kept by `hpcddp.train.resharding`); None when
-    shrinking is off, the failed node is unknown, or fewer than the floor would remain."""
-    if now.shrinking is None or not failure.node:
+    shrinking is off, no node was lost (srun named none), or fewer than the floor would remain."""
+    if now.shrinking is None:
         return None
     avoid = _failed_nodes(failure, now)
     before = min(len([h for h in now.allocation if h not in now.avoid]), now.needed)
     hosts = tuple(host for host in now.allocation if host not in avoid)[: now.needed]
     floor = now.shrinking.min_nodes or now.needed
-    if not hosts or len(hosts) < floor or len(hosts) >= before:
+    if len(hosts) < floor or len(hosts) >= before:
         return None
     return Decision(
         Action.RUN,
