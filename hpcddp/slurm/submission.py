@@ -150,6 +150,12 @@ def executor_parameters(slurm: SlurmConfig) -> dict[str, Any]:
             "job script's shell, which submitit's job does not have. HINT: use `hpcddp sbatch` "
             "(or sbatch/train.sh) for spare nodes, or set slurm.spare_nodes=0 for submit()."
         )
+    if slurm.shrink_on_failure:
+        raise ConfigError(
+            "slurm.shrink_on_failure=true: going on with the nodes left is done by the job "
+            "script's shell, which submitit's job does not have. HINT: use `hpcddp sbatch` (or "
+            "sbatch/train.sh) to shrink on failure, or set slurm.shrink_on_failure=false."
+        )
     params = submitit_parameters(request(slurm))
     params["slurm_srun_args"] = [*SRUN_ARGS, *pyxis_args(slurm.container)]
     # The container gets the GPUs whenever Slurm gave some (hpcddp.slurm.container).

@@ -737,6 +737,9 @@ def test_spare_nodes_are_asked_for_by_the_script_and_refused_by_submit():
     assert "--nodes=3" in sbatch_lines(render(spare))
     with pytest.raises(ConfigError, match="slurm.spare_nodes=1: restarting on a spare node"):
         submission.executor_parameters(spare.slurm)
+    shrinking = from_dict({"slurm": {"nodes": 2, "shrink_on_failure": True, "min_nodes": 1}})
+    with pytest.raises(ConfigError, match="shrink_on_failure=true: .*HINT: use `hpcddp sbatch`"):
+        submission.executor_parameters(shrinking.slurm)
 
 
 # The step's first run loses its ranks on n2 (as srun says it); the next one ends well.
