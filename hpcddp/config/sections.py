@@ -284,6 +284,16 @@ class DistConfig:
     fsdp_reshard_after_forward: bool = setting(
         True, "fsdp: free each block's gathered parameters after its forward (less memory)"
     )
+    fsdp_activation_checkpointing: bool = setting(
+        False,
+        "fsdp: keep only each block's input and recompute its activations in the backward "
+        "(less memory, about a third more compute)",
+    )
+    fsdp_cpu_offload: bool = setting(
+        False,
+        "fsdp, GPU only: keep the sharded parameters, gradients and optimizer state in host "
+        "memory, copied to the GPU for each block (much less GPU memory, slower)",
+    )
 
     def __post_init__(self) -> None:
         if self.backend:

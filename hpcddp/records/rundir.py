@@ -44,6 +44,8 @@ RESUMABLE_CHANGES = {
     ("dist", "strategy"),
     ("dist", "fsdp_blocks"),
     ("dist", "fsdp_reshard_after_forward"),
+    ("dist", "fsdp_activation_checkpointing"),
+    ("dist", "fsdp_cpu_offload"),
     ("slurm",),
 }
 

@@ -4,8 +4,11 @@ FSDP2's ``fully_shard`` on each repeated block, then on the root: a block's para
 gathered just before its forward (and again for its backward) and freed after, so a rank holds
 its shard of everything plus one block whole. The blocks are the classes named in
 ``dist.fsdp_blocks``, or else the children of the model's largest ``ModuleList`` (a
-transformer's layers) or ``Sequential`` of one repeated class. bf16 gathers bf16 parameters
-and reduces gradients in fp32; the sharded master weights and the optimizer state stay fp32.
+transformer's layers) or ``Sequential`` of one repeated class. bf16 (fp16) gathers bf16
+(fp16) parameters and reduces gradients in fp32; the sharded master weights and the optimizer
+state stay fp32. Under fp16, GradScaler's overflow check on the sharded gradients agrees across
+the ranks by itself: DTensor runs it on each shard and all-reduces the found-inf flag (max), so
+a rank whose shard overflowed makes every rank skip the step.
 """
 
 import contextlib
@@ -15,8 +18,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.distributed._composable import checkpoint
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 
 from hpcddp.config import Config
@@ -41,14 +51,24 @@ class Fsdp(Strategy):
         # the model was built in host memory (`hpcddp.train.building`): fully_shard moves only
         # this rank's shards to the mesh's device, so a model bigger than one GPU fits
         mesh = init_device_mesh(device.type, (env.world_size,))
-        precision = _policy(cfg.train.precision)
+        sharding: dict[str, Any] = {
+            "mesh": mesh,
+            "mp_policy": _policy(cfg.train.precision),
+            "offload_policy": offload(cfg, device),
+        }
         reshard = cfg.dist.fsdp_reshard_after_forward
-        found = blocks(model, cfg.dist.fsdp_blocks)
+        found = prepared_blocks(model, cfg)
         for block in found:
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=precision)
+            fully_shard(block, reshard_after_forward=reshard, **sharding)
         # the root's own parameters (embeddings, head) are needed again at once by the backward
-        fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=precision)
-        log.info("fsdp: %d blocks sharded over %d ranks, then the root", len(found), env.world_size)
+        fully_shard(model, reshard_after_forward=False, **sharding)
+        log.info(
+            "fsdp: %d blocks sharded over %d ranks, then the root%s%s",
+            len(found),
+            env.world_size,
+            "; activations recomputed per block" if cfg.dist.fsdp_activation_checkpointing else "",
+            "; shards offloaded to host memory" if cfg.dist.fsdp_cpu_offload else "",
+        )
         if cfg.train.compile:
             model.compile()
         return Wrapped(model, model)
@@ -75,6 +95,30 @@ def _accumulating(model: torch.nn.Module, last: bool) -> Iterator[None]:
     model.set_requires_gradient_sync(last)
     model.set_reshard_after_backward(last)
     yield
+
+
+def prepared_blocks(model: torch.nn.Module, cfg: Config) -> list[torch.nn.Module]:
+    """The blocks to shard, each checkpointed first when ``dist.fsdp_activation_checkpointing``
+    asks (before ``fully_shard``, so its gathering hooks stay outside the recomputation)."""
+    found = blocks(model, cfg.dist.fsdp_blocks)
+    if cfg.dist.fsdp_activation_checkpointing:
+        for block in found:
+            # non-reentrant, as hooks on the block: its parameters' names do not change, so
+            # checkpoints stay interchangeable with runs without it
+            checkpoint(block)
+    return found
+
+
+def offload(cfg: Config, device: torch.device) -> OffloadPolicy:
+    """``dist.fsdp_cpu_offload``: shards kept in host memory (a GPU's only; refused on CPU)."""
+    if not cfg.dist.fsdp_cpu_offload:
+        return OffloadPolicy()
+    if device.type != "cuda":
+        raise ConfigError(
+            f"dist.fsdp_cpu_offload=true needs GPUs, and this rank runs on {device.type}. HINT: "
+            "set dist.fsdp_cpu_offload=false (on CPU the shards are in host memory already)."
+        )
+    return CPUOffloadPolicy()
 
 
 def blocks(model: torch.nn.Module, names: list[str]) -> list[torch.nn.Module]:
@@ -117,19 +161,15 @@ def _outermost(found: list[torch.nn.Module]) -> list[torch.nn.Module]:
 
 
 def _policy(precision: str) -> MixedPrecisionPolicy:
-    """bf16: parameters gathered in bf16, gradients reduced in fp32; fp32: as stored."""
-    if precision == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    """bf16 or fp16: parameters gathered in that type, gradients reduced in fp32; fp32: as
+    stored."""
+    if precision in ("bf16", "fp16"):
+        low = torch.bfloat16 if precision == "bf16" else torch.float16
+        return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
 
 
 def _refuse_unsupported(cfg: Config) -> None:
-    if cfg.train.precision == "fp16":
-        raise ConfigError(
-            "train.precision=fp16 is not supported with dist.strategy=fsdp yet (loss scaling "
-            "over sharded gradients). HINT: use train.precision=bf16 (no loss scaling needed), "
-            "or dist.strategy=ddp."
-        )
     if cfg.train.sync_batchnorm:
         raise ConfigError(
             "train.sync_batchnorm=true is not supported with dist.strategy=fsdp. HINT: set "

@@ -133,3 +133,36 @@ def test_checkpoint_torn_by_a_killed_rank_is_skipped(tmp_path):
     log = (tmp_path / "logs" / "rank-0.log").read_text()
     assert "resumed from step 2 (step-00000002.dcp)" in log
     assert summary(tmp_path)["steps"] == 6
+
+
+def test_activation_checkpointing_keeps_the_loss_trajectory(tmp_path):
+    """Recomputing each block's activations in the backward gives the same losses (dropout off:
+    the comparison is of the arithmetic alone)."""
+    common = ("model.kwargs={dropout: 0.0}", "train.max_steps=3", "train.checkpoint_every_steps=0")
+    plain = _ok(_train(tmp_path / "plain", 2, *common))
+    checkpointed = _ok(
+        _train(tmp_path / "ac", 2, *common, "dist.fsdp_activation_checkpointing=true")
+    )
+    assert "activations recomputed per block" in checkpointed.stderr
+    assert "activations recomputed" not in plain.stderr
+    off, on = _losses(tmp_path / "plain"), _losses(tmp_path / "ac")
+    assert sorted(off) == sorted(on) == [1, 2, 3]
+    assert on == pytest.approx(off, rel=1e-5, abs=1e-6)
+
+
+def test_fp16_overflow_in_one_rank_s_shard_skips_the_step_on_every_rank(tmp_path):
+    """fp16 under fsdp: GradScaler's overflow check agrees across the ranks. The fixture's
+    first steps overflow everywhere (at scale 2^16); at step 9 one gradient element overflows,
+    in rank 1's shard only. Rank 0, whose shard is clean, must skip that step too: its loss
+    scale (the one logged) halves there."""
+    result = run_cli(
+        "train", "tests/fixtures/fp16_transformer.yaml", f"run.dir={tmp_path}",
+        "dist.strategy=fsdp", "model.kwargs={inf_grad_at_call: 9}", "--nproc", "2",
+    )  # fmt: skip
+    _ok(result)
+    record = summary(tmp_path)
+    assert (record["status"], record["steps"]) == ("finished", 12)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    scales = {line["step"]: line["loss_scale"] for line in lines if "loss" in line}
+    assert scales[1] < 2.0**16  # the first step overflowed and was skipped
+    assert scales[9] == scales[8] / 2 and record["overflow_steps"] >= 2
