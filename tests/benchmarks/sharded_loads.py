@@ -8,7 +8,9 @@ checkpoint file evicted from the page cache before each (the slowest rank's time
 - **raw**: each rank reads the files its rank wrote of the 2-rank checkpoint (8 MB buffer);
 - **same-size load**: the marker checked, then the 2-rank checkpoint loaded into the model and
   the optimizer (`hpcddp.train.sharded_state.load_sharded`, what a resume does);
-- **resharded load**: the same, from the 4-rank checkpoint (each rank reads slices of 2 files).
+- **resharded load**: the same, from the 4-rank checkpoint (each rank reads slices of 2 files);
+- **dcp.load alone**: the same-size load without taking and setting the state dicts (where
+  the time goes).
 
 Targets (issue 24 item 7): load <= 1.25x raw; resharded <= 1.5x same-size.
 
@@ -34,7 +36,7 @@ from hpcddp.train import sharded_state
 from tests.benchmarks.checkpoints import evict
 from tests.fixtures.sharded_transformer import TinyTransformer
 
-ARMS = ("raw", "same-size load", "resharded load")
+ARMS = ("raw", "same-size load", "resharded load", "dcp.load alone")
 
 
 def _trained(
@@ -132,6 +134,10 @@ def _rank(rank: int, world: int, args: argparse.Namespace, root: str, out: dict)
                 _zeroed(model)
                 times[arm].append(_timed(lambda f=folder: _load(f, model, optimizer), files))
                 _loaded(model)
+            state = sharded_state.named(model, optimizer)  # where the time goes: DCP's read
+            times["dcp.load alone"].append(
+                _timed(lambda s=state: dist.checkpoint.load(s, checkpoint_id=same), files)
+            )
         if rank == 0:
             out.update(times)
     finally:
@@ -180,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     for arm, seconds, against, target in rows:
         ratio = f"{seconds / against:6.2f}  {target}" if against else ""
         print(f"{arm:<16} {seconds:8.3f} s  {ratio}".rstrip())
+    alone = medians["dcp.load alone"]
+    print(f"  of which dcp.load (same-size, state dicts taken before) {alone:.3f} s")
     return 0
 
 
