@@ -33,3 +33,19 @@ def test_named_block_classes_are_the_blocks_as_under_fsdp():
     cfg = load_config(None, [f"model.factory={__name__}:Stack", "dist.fsdp_blocks=[Linear]"])
     measured = model_size.measure(cfg)  # the head is a block too: nothing left at the root
     assert (measured["largest_block_params"], measured["root_params"]) == (110, 0)
+
+
+def test_a_ranks_room_is_its_gpus_free_memory_or_its_share_of_the_nodes_ram(monkeypatch):
+    from types import SimpleNamespace
+
+    from hpcddp.check import preflight
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (70 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(
+        preflight.psutil, "virtual_memory", lambda: SimpleNamespace(available=90 * 2**30)
+    )
+    env = SimpleNamespace(local_world_size=3)
+    on_gpu = preflight._model_room(env, torch.device("cuda:0"))
+    assert on_gpu == {"model_room_bytes": 70 * 2**30, "model_room_kind": "GPU"}
+    on_cpu = preflight._model_room(env, torch.device("cpu"))
+    assert on_cpu == {"model_room_bytes": 30 * 2**30, "model_room_kind": "RAM"}
