@@ -5,13 +5,13 @@ seconds without a byte of its weights. The blocks are found by fsdp's own rule
 (`hpcddp.train.strategy_fsdp.blocks`), so the estimate shards what training would shard.
 """
 
+import logging
 from typing import Any
 
 import torch
 
 from hpcddp.config import Config
-from hpcddp.train import factories, usercode
-from hpcddp.train.strategy_fsdp import blocks
+from hpcddp.train import factories, strategy_fsdp, usercode
 
 
 def _params(module: torch.nn.Module) -> int:
@@ -27,7 +27,13 @@ def measure(cfg: Config) -> dict[str, Any]:
         model = usercode.call(model_fn, cfg.model.kwargs, what, "model.kwargs")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the model factory returned {type(model).__name__}, not a Module")
-    found = blocks(model, cfg.dist.fsdp_blocks)
+    quiet = strategy_fsdp.log.level
+    if cfg.dist.strategy != "fsdp":  # fsdp's advice on finding blocks is not for a ddp run
+        strategy_fsdp.log.setLevel(logging.ERROR)
+    try:
+        found = strategy_fsdp.blocks(model, cfg.dist.fsdp_blocks)
+    finally:
+        strategy_fsdp.log.setLevel(quiet)
     total = _params(model)
     first = next(model.parameters(), None)
     return {
