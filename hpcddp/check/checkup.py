@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from hpcddp.check import memory
 from hpcddp.launch import gpus, hostlist
 
 EPHEMERAL = range(32768, 61000)
@@ -399,6 +400,51 @@ def link_problems(allreduce: Mapping[str, Any]) -> list[Problem]:
     ]
 
 
+# -- the model's memory ------------------------------------------------------------------------
+
+
+def model_memory(report: Mapping[str, Any]) -> tuple[str, Problem | None] | None:
+    """The line saying what each rank needs for the model's state under ddp and fsdp, against
+    the smallest room a rank has (its GPU's free memory, or its node's RAM shared by its local
+    ranks), and a problem when the configured strategy does not fit; None without a model."""
+    model = report.get("model")
+    if not model:
+        return None
+    ranks = report["ranks"]
+    world, strategy = len(ranks), report["strategy"]
+    needs = memory.need(memory.ModelSize(**model), world, report["precision"])
+    tightest = min(ranks, key=lambda f: f["model_room_bytes"])
+    room = tightest["model_room_bytes"]
+    judged, fails = memory.verdict(needs, room, strategy)
+    line = (
+        f"model state per rank ({model['params']:,} parameters; weights, gradients, AdamW "
+        f"moments; activations not estimated): ddp {memory.gb(needs.ddp)}, fsdp "
+        f"{memory.gb(needs.fsdp)} at {world} ranks; {tightest['host']} has {memory.gb(room)} "
+        f"{tightest['model_room_kind']} per rank; dist.strategy={strategy} {judged}"
+    )
+    problem = None
+    if fails:
+        fix = (
+            "Fix: set dist.strategy=fsdp"
+            if "set dist.strategy=fsdp" in judged
+            else "Fix: more ranks (fsdp shares the state among them), a smaller model, or "
+            "GPUs with more memory"
+        )
+        problem = Problem(
+            "error",
+            f"the model's state needs {memory.gb(needs.ddp if strategy == 'ddp' else needs.fsdp)}"
+            f" per rank under dist.strategy={strategy}, before activations, and "
+            f"{tightest['host']} has {memory.gb(room)} {tightest['model_room_kind']} per rank: "
+            f"{judged}. {fix}.",
+        )
+    return line, problem
+
+
+def model_problems(report: Mapping[str, Any]) -> list[Problem]:
+    judged = model_memory(report)
+    return [judged[1]] if judged and judged[1] else []
+
+
 # -- all of it ---------------------------------------------------------------------------------
 
 
@@ -429,6 +475,7 @@ def problems(report: Mapping[str, Any]) -> list[Problem]:
         lambda: link_problems(report["allreduce"]),
         lambda: pair_problems(report["pairs"]),
         lambda: compute_problems(ranks),
+        lambda: model_problems(report),
     ]
     found = merge_hosts([p for rule in rules for p in rule()], list(by_host(ranks)))
     return sorted(found, key=lambda p: p.severity != "error")

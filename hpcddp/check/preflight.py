@@ -18,7 +18,7 @@ import shutil
 import socket
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import psutil
@@ -186,6 +186,26 @@ def _sync(device: torch.device, a: torch.Tensor) -> None:
         a.sum().item()
 
 
+def _model_room(env: DistEnv, device: torch.device) -> dict[str, Any]:
+    """The memory this rank has for the model: its GPU's free memory, or else its node's
+    available RAM shared by the node's ranks."""
+    if device.type == "cuda":
+        return {"model_room_bytes": torch.cuda.mem_get_info(device)[0], "model_room_kind": "GPU"}
+    share = psutil.virtual_memory().available // max(env.local_world_size, 1)
+    return {"model_room_bytes": share, "model_room_kind": "RAM"}
+
+
+def _model_facts(config: Config, measure: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    """The configured model's size (rank 0, once), or why it is not known."""
+    if measure is None or not config.model.factory:
+        return {"model": None, "model_unknown": "no model.factory configured"}
+    try:
+        return {"model": measure(), "model_unknown": ""}
+    except Exception as err:  # a factory that cannot build on the meta device, say
+        why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+        return {"model": None, "model_unknown": f"the factory failed on the meta device: {why}"}
+
+
 def rank_facts(
     env: DistEnv, done: Joined, config: Config, environ: Mapping[str, str]
 ) -> dict[str, Any]:
@@ -215,6 +235,7 @@ def rank_facts(
         "disk_free_gb": shutil.disk_usage(_existing(run_dir)).free / 2**30,
         "run_dir": str(run_dir),
         **_compute_facts(done.device),
+        **_model_room(env, done.device),
     }
 
 
@@ -309,7 +330,13 @@ def _leaders(ranks: list[dict[str, Any]]) -> dict[str, int]:
     return {host: facts[0]["rank"] for host, facts in checkup.by_host(ranks).items()}
 
 
-def _report(env: DistEnv, done: Joined, config: Config, size_mb: float) -> dict[str, Any] | None:
+def _report(
+    env: DistEnv,
+    done: Joined,
+    config: Config,
+    size_mb: float,
+    measure: Callable[[], dict[str, Any]] | None,
+) -> dict[str, Any] | None:
     """Gather everyone's facts and measure, inside the group; the report on rank 0."""
     with _token_in(pathlib.Path(config.run.dir), env.rank) as token:
         mine = rank_facts(env, done, config, env.environ)
@@ -336,6 +363,9 @@ def _report(env: DistEnv, done: Joined, config: Config, size_mb: float) -> dict[
         "pairs": pairs,
         "pair_bytes": PAIR_BYTES,
         "compute_what": _compute_what(done.device),
+        "strategy": config.dist.strategy,
+        "precision": config.train.precision,
+        **_model_facts(config, measure),
     }
 
 
@@ -344,8 +374,16 @@ def _compute_what(device: torch.device) -> str:
     return f"{size}x{size} matmul x{repeats}, best {PROBE_WINDOW_S:g} s of {PROBE_WINDOWS}"
 
 
-def check(config: Config, size_mb: float = 16.0, env: DistEnv | None = None) -> Outcome:
-    """Run the pre-flight on this rank; every rank returns the same number of errors."""
+def check(
+    config: Config,
+    size_mb: float = 16.0,
+    env: DistEnv | None = None,
+    measure_model: Callable[[], dict[str, Any]] | None = None,
+) -> Outcome:
+    """Run the pre-flight on this rank; every rank returns the same number of errors.
+
+    ``measure_model`` gives the configured model's size (`hpcddp.train.model_size.measure`,
+    handed in from above: check and train are sibling layers); rank 0 calls it once."""
     refusal: HpcddpError | None = None
     if env is None:
         env, refusal = place()
@@ -361,7 +399,7 @@ def check(config: Config, size_mb: float = 16.0, env: DistEnv | None = None) -> 
         pin_cpus=config.dist.pin_cpus,
     ) as done:
         torch.manual_seed(env.rank)
-        report = _report(env, done, config, size_mb)
+        report = _report(env, done, config, size_mb, measure_model)
         found = checkup.problems(report) if report is not None else []
         errors = collectives.broadcast_object(sum(p.severity == "error" for p in found))
         if errors and not env.is_main:

@@ -7,7 +7,13 @@ Pure text from the report `hpcddp.check.preflight` gathers and the problems
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpcddp.check.checkup import Problem, by_host, node_compute_ms, node_throttled
+from hpcddp.check.checkup import (
+    Problem,
+    by_host,
+    model_memory,
+    node_compute_ms,
+    node_throttled,
+)
 
 COLUMNS = (
     "rank",
@@ -87,6 +93,11 @@ def measurements(report: Mapping[str, Any]) -> list[str]:
         for host, ms in node_compute_ms(report["ranks"]).items()
     )
     lines.append(f"compute ({report['compute_what']}, per batch, median rank per node): {compute}")
+    judged = model_memory(report)
+    if judged:
+        lines.append(judged[0])
+    elif report.get("model_unknown"):
+        lines.append(f"model state per rank: not estimated ({report['model_unknown']})")
     return lines
 
 

@@ -34,7 +34,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from hpcddp.launch.local import watch_launcher
 
     watch_launcher(os.environ)
-    outcome = check(config, args.size_mb)
+    from hpcddp.train.model_size import measure
+
+    outcome = check(config, args.size_mb, measure_model=lambda: measure(config))
     if outcome.report is not None:
         print(as_text(outcome.report, outcome.problems), flush=True)
     if outcome.errors:  # rank 0 prints it; the others wait a moment (`hpcddp.cli.main.report`)

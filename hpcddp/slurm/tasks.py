@@ -105,8 +105,9 @@ class CheckTask:
         """Run the check on this task's rank (torch is imported here, in the job)."""
         from hpcddp.check.preflight import check
         from hpcddp.check.table import as_text
+        from hpcddp.train.model_size import measure
 
-        outcome = check(self.config, self.size_mb)
+        outcome = check(self.config, self.size_mb, measure_model=lambda: measure(self.config))
         if outcome.report is not None:
             print(as_text(outcome.report, outcome.problems), flush=True)
         problems = [p.line() for p in outcome.problems]

@@ -71,3 +71,14 @@ def test_survivor_handoff_benchmark_loses_no_step_and_ends_with_the_same_weights
     # died at step 12: the checkpoint of step 10 loses 2 steps, the survivor's state none
     assert re.search(r"^checkpoint(\s+\d+\.\d\d){2}\s+2\s+\d+\.\d\d  yes$", out, re.M), out
     assert re.search(r"^hand-off(\s+\d+\.\d\d){2}\s+0\s+\d+\.\d\d  yes$", out, re.M), out
+
+
+def test_sharded_load_benchmark_quick_prints_both_ratios():
+    out = run("sharded_loads", "--quick")
+    assert re.search(r"^raw\s+\d+\.\d{3} s$", out, re.M), out
+    assert re.search(r"^same-size load\s+\d+\.\d{3} s\s+\d+\.\d\d  <= 1\.25 of raw$", out, re.M), (
+        out
+    )
+    assert re.search(
+        r"^resharded load\s+\d+\.\d{3} s\s+\d+\.\d\d  <= 1\.50 of same-size$", out, re.M
+    ), out

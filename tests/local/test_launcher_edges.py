@@ -68,6 +68,10 @@ def test_check_runs_like_training_with_nproc(tmp_path):
     assert "lo 127.0.0.1" in lines[3] and "all-reduce (gloo, 2 ranks)" in done.stdout
     assert lines[-1] == "no problems found: the job should train."
     assert not (tmp_path / "run").exists()  # the check leaves nothing behind
+    # the quickstart MLP counted on the meta device: three Linear layers, weights and biases
+    params = (16 * 256 + 256) + (256 * 256 + 256) + (256 * 4 + 4)
+    assert f"model state per rank ({params:,} parameters;" in done.stdout
+    assert "RAM per rank; dist.strategy=ddp fits" in done.stdout
 
 
 def _running(process: psutil.Process) -> bool:

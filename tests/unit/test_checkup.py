@@ -271,3 +271,53 @@ def test_errors_come_before_warnings():
     older = {"own_name": ["127.0.1.1"], "versions": {**VERSIONS, "hpcddp": "0.0.9"}}
     both = copy.deepcopy(with_ranks(n1={"own_name": ["127.0.1.1"]}, n2=older))
     assert [p.severity for p in checkup.problems(report(both))] == ["error", "warning"]
+
+
+# a 7B fp32 model with 24 blocks of 250M and 1B outside them, on 80 GB GPUs
+SEVEN_B = {
+    "params": 7_000_000_000,
+    "param_bytes": 4,
+    "largest_block_params": 250_000_000,
+    "root_params": 1_000_000_000,
+}
+
+
+def gpu_job(room_gb, strategy="ddp"):
+    ranks = [
+        rank(r, f"n{r // 2 + 1}", model_room_bytes=room_gb * 2**30, model_room_kind="GPU")
+        for r in range(4)
+    ]
+    ranks[3]["model_room_bytes"] -= 2**30  # the tightest rank is the one judged
+    return report(ranks, model=SEVEN_B, strategy=strategy, precision="bf16")
+
+
+def test_a_model_too_big_for_ddp_is_an_error_whose_fix_is_fsdp():
+    # ddp: 7e9 * 16 = 112e9 B = 104 GB; fsdp at 4: 28e9 + 1.25e9 * 2 = 30.5e9 B = 28.4 GB
+    found = checkup.problems(gpu_job(80))
+    assert lines(found) == [
+        "error: the model's state needs 104 GB per rank under dist.strategy=ddp, before "
+        "activations, and n2 has 79 GB GPU per rank: does not fit: set dist.strategy=fsdp "
+        "(needs 28.4 GB per rank). Fix: set dist.strategy=fsdp."
+    ]
+    text = table.as_text(gpu_job(80), found)
+    assert (
+        "model state per rank (7,000,000,000 parameters; weights, gradients, AdamW moments; "
+        "activations not estimated): ddp 104 GB, fsdp 28.4 GB at 4 ranks; n2 has 79 GB GPU per "
+        "rank; dist.strategy=ddp does not fit: set dist.strategy=fsdp (needs 28.4 GB per rank)"
+    ) in text
+
+
+def test_a_model_that_fits_sharded_or_whole_is_no_problem_and_says_fits():
+    assert checkup.problems(gpu_job(80, "fsdp")) == []
+    assert "dist.strategy=fsdp fits" in table.as_text(gpu_job(80, "fsdp"), [])
+    assert checkup.problems(gpu_job(141)) == []
+
+
+def test_a_model_too_big_even_sharded_asks_for_more_ranks():
+    found = lines(checkup.problems(gpu_job(24, "fsdp")))
+    assert len(found) == 1 and "does not fit even sharded. Fix: more ranks" in found[0]
+
+
+def test_a_model_not_measured_says_why_in_the_table():
+    text = table.as_text(report(model=None, model_unknown="no model.factory configured"), [])
+    assert "model state per rank: not estimated (no model.factory configured)" in text

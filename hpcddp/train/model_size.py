@@ -1,0 +1,44 @@
+"""The configured model's size, for `hpcddp check`: its factory called once on the meta device.
+
+On ``meta`` a parameter has a shape and a dtype but no storage, so a 70B model is counted in
+seconds without a byte of its weights. The blocks are found by fsdp's own rule
+(`hpcddp.train.strategy_fsdp.blocks`), so the estimate shards what training would shard.
+"""
+
+import logging
+from typing import Any
+
+import torch
+
+from hpcddp.config import Config
+from hpcddp.train import factories, strategy_fsdp, usercode
+
+
+def _params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def measure(cfg: Config) -> dict[str, Any]:
+    """``{params, param_bytes, largest_block_params, root_params}`` of the model the config
+    builds (fields of `hpcddp.check.memory.ModelSize`); raises what the factory raises."""
+    model_fn = factories.import_factory(cfg.model.factory, "model")
+    what = f"the model factory {usercode.name_of(model_fn)}"
+    with torch.device("meta"):
+        model = usercode.call(model_fn, cfg.model.kwargs, what, "model.kwargs")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"the model factory returned {type(model).__name__}, not a Module")
+    quiet = strategy_fsdp.log.level
+    if cfg.dist.strategy != "fsdp":  # fsdp's advice on finding blocks is not for a ddp run
+        strategy_fsdp.log.setLevel(logging.ERROR)
+    try:
+        found = strategy_fsdp.blocks(model, cfg.dist.fsdp_blocks)
+    finally:
+        strategy_fsdp.log.setLevel(quiet)
+    total = _params(model)
+    first = next(model.parameters(), None)
+    return {
+        "params": total,
+        "param_bytes": first.element_size() if first is not None else 4,
+        "largest_block_params": max(map(_params, found), default=0),
+        "root_params": total - sum(map(_params, found)),
+    }

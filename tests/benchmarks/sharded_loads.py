@@ -1,0 +1,195 @@
+"""Sharded checkpoint loads on 2 ranks: against a raw read of the same bytes, and resharded.
+
+One fsdp model with AdamW state (the fsdp test transformer, `tests.fixtures.sharded_transformer`)
+is saved as a sharded checkpoint twice, through `hpcddp.storage.sharded.ShardedStore` and DCP as
+training saves it: once by 4 ranks, once by 2. Then 2 ranks time three arms, alternated, every
+checkpoint file evicted from the page cache before each (the slowest rank's time counts):
+
+- **raw**: each rank reads the files its rank wrote of the 2-rank checkpoint (8 MB buffer);
+- **same-size load**: the marker checked, then the 2-rank checkpoint loaded into the model and
+  the optimizer (`hpcddp.train.sharded_state.load_sharded`, what a resume does);
+- **resharded load**: the same, from the 4-rank checkpoint (each rank reads slices of 2 files);
+- **dcp.load alone**: the same-size load without taking and setting the state dicts (where
+  the time goes).
+
+Targets (issue 24 item 7): load <= 1.25x raw; resharded <= 1.5x same-size.
+
+``python -m tests.benchmarks.sharded_loads [--width 512] [--layers 8] [--runs 3] [--quick]``
+"""
+
+import argparse
+import datetime
+import os
+import pathlib
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from hpcddp.storage.sharded import ShardedStore
+from hpcddp.train import sharded_state
+from tests.benchmarks.checkpoints import evict
+from tests.fixtures.sharded_transformer import TinyTransformer
+
+ARMS = ("raw", "same-size load", "resharded load", "dcp.load alone")
+
+
+def _trained(
+    width: int, layers: int, world: int, seed: int
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model sharded per block over ``world`` ranks, after one AdamW step (state exists)."""
+    torch.manual_seed(seed)
+    model = TinyTransformer(width=width, layers=layers, heads=4)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 32, (2, 8))
+    torch.nn.functional.cross_entropy(model(tokens), torch.tensor([0, 1])).backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _save(root: pathlib.Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    store = ShardedStore(root)
+    if dist.get_rank() == 0:
+        store.open(1)
+    dist.barrier()
+    dist.checkpoint.save(sharded_state.named(model, optimizer), checkpoint_id=store.path_for(1))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        store.complete(1, {"world_size": dist.get_world_size(), "strategy": "fsdp"})
+    dist.barrier()
+
+
+def _timed(work, files: list[pathlib.Path]) -> float:
+    """The slowest rank's seconds for ``work``, every file evicted first."""
+    if dist.get_rank() == 0:
+        for path in files:
+            evict(path)
+    dist.barrier()
+    started = time.perf_counter()
+    work()
+    took = torch.tensor([time.perf_counter() - started])
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return float(took)
+
+
+def _raw(folder: pathlib.Path) -> None:
+    buffer = bytearray(8 << 20)
+    mine = [p for p in folder.iterdir() if p.name.startswith(f"__{dist.get_rank()}_")]
+    if dist.get_rank() == 0:
+        mine.append(folder / ".metadata")
+    for path in mine:
+        with open(path, "rb", buffering=0) as handle:
+            while handle.readinto(buffer):
+                pass
+
+
+def _load(folder: pathlib.Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    ShardedStore(folder.parent.parent).check(folder)
+    sharded_state.load_sharded(folder, model, optimizer)
+
+
+def _zeroed(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+
+
+def _loaded(model: torch.nn.Module) -> None:
+    """Each load arm must have put weights in, not only read files."""
+    total = torch.tensor(
+        [sum(float(p.detach().to_local().abs().sum()) for p in model.parameters())]
+    )
+    dist.all_reduce(total)
+    if not float(total):
+        raise RuntimeError("the load left the weights zero")
+
+
+def _rank(rank: int, world: int, args: argparse.Namespace, root: str, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=10)
+    )
+    try:
+        folder = pathlib.Path(root) / f"written-by-{world}"
+        if args.phase == "write":
+            _save(folder, *_trained(args.width, args.layers, world, seed=0))
+            return
+        model, optimizer = _trained(args.width, args.layers, world, seed=1)
+        same = ShardedStore(pathlib.Path(root) / "written-by-2").path_for(1)
+        other = ShardedStore(pathlib.Path(root) / "written-by-4").path_for(1)
+        files = [p for d in (same, other) for p in d.iterdir()]
+        times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        for _ in range(args.runs):
+            times["raw"].append(_timed(lambda: _raw(same), files))
+            for arm, folder in (("same-size load", same), ("resharded load", other)):
+                _zeroed(model)
+                times[arm].append(_timed(lambda f=folder: _load(f, model, optimizer), files))
+                _loaded(model)
+            state = sharded_state.named(model, optimizer)  # where the time goes: DCP's read
+            times["dcp.load alone"].append(
+                _timed(lambda s=state: dist.checkpoint.load(s, checkpoint_id=same), files)
+            )
+        if rank == 0:
+            out.update(times)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, args: argparse.Namespace, root: str) -> dict:
+    out = mp.Manager().dict()
+    mp.spawn(_rank, args=(world, args, root, out), nprocs=world, join=True)
+    return dict(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.sharded_loads")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a small model, one run")
+    parser.add_argument("--port", type=int, default=29733)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.width, args.layers, args.runs = 64, 2, 1
+    with tempfile.TemporaryDirectory(dir=".") as root:
+        args.phase = "write"
+        _spawn(4, args, root)
+        _spawn(2, args, root)
+        args.phase = "load"
+        times = _spawn(2, args, root)
+        folder = ShardedStore(pathlib.Path(root) / "written-by-2").path_for(1)
+        size_mb = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
+    medians = {arm: statistics.median(times[arm]) for arm in ARMS}
+    print(
+        f"{size_mb:.0f} MB sharded checkpoint (model + AdamW), 2 ranks loading, CPU (gloo), "
+        f"{args.runs} run(s) of each, alternated, files evicted"
+    )
+    rows = (
+        ("raw", medians["raw"], None, ""),
+        ("same-size load", medians["same-size load"], medians["raw"], "<= 1.25 of raw"),
+        (
+            "resharded load",
+            medians["resharded load"],
+            medians["same-size load"],
+            "<= 1.50 of same-size",
+        ),
+    )
+    for arm, seconds, against, target in rows:
+        ratio = f"{seconds / against:6.2f}  {target}" if against else ""
+        print(f"{arm:<16} {seconds:8.3f} s  {ratio}".rstrip())
+    alone = medians["dcp.load alone"]
+    print(f"  of which dcp.load (same-size, state dicts taken before) {alone:.3f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
