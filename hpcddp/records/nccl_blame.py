@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpcddp.run_files import FLIGHT_RECORDER_DUMP as DUMP_PREFIX
+from hpcddp.run_files import LOGS
 
 DEFAULT_GROUP = "default_pg"
 _LOG_PLACE = re.compile(r"\[rank (\d+)/\d+ (\S+)\]")  # `hpcddp.train.logs` prefixes every line
@@ -160,7 +161,7 @@ def take_verdict(run_dir: str | os.PathLike[str], keep_in: pathlib.Path) -> dict
     """A hang verdict in the watchdog's shape (`hpcddp.slurm.policy.Failure.from_hang` reads
     it) when the attempt's dumps name the ranks behind; None when there are none or they do not
     tell. The dumps move to ``keep_in`` (the attempt's hang folder) either way."""
-    logs = pathlib.Path(run_dir) / "logs"
+    logs = pathlib.Path(run_dir) / LOGS
     blame = behind(take(logs, keep_in))
     if not blame.ranks:
         return None

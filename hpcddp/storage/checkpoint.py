@@ -44,6 +44,7 @@ from typing import IO, cast
 import torch
 
 from hpcddp.errors import CheckpointError
+from hpcddp.run_files import CHECKPOINTS
 from hpcddp.storage import atomic, digest, mapped
 from hpcddp.storage.checkpoint_names import (
     CHECKPOINT_NAME,
@@ -74,7 +75,7 @@ class CheckpointStore:
                 "HINT: set train.keep_checkpoints to 1 or more."
             )
         self.run_dir = pathlib.Path(run_dir)
-        self.directory = self.run_dir / "checkpoints"
+        self.directory = self.run_dir / CHECKPOINTS
         self.keep_last = keep_last
 
     # -- naming ---------------------------------------------------------------------------------

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from hpcddp.errors import CheckpointError, ConfigError
+from hpcddp.run_files import CHECKPOINTS
 from hpcddp.storage import mapped
 from hpcddp.storage.checkpoint import CheckpointStore
-from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, MARKER, SHARDED_NAME, SIDECAR_SUFFIX
+from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, MARKER, SHARDED_NAME, has_sidecar
 from hpcddp.storage.sharded import ShardedStore
 
 
@@ -40,7 +41,7 @@ class Found:
 def inventory(run_dir: str | os.PathLike[str], verify: bool = False) -> list[Found]:
     """Every checkpoint and torn save in ``run_dir/checkpoints``, oldest first; ``verify`` reads
     each whole checkpoint's bytes against its digest (sharded ones: file sizes, always)."""
-    folder = pathlib.Path(run_dir) / "checkpoints"
+    folder = pathlib.Path(run_dir) / CHECKPOINTS
     try:
         names = sorted(os.listdir(folder))
     except OSError as exc:
@@ -50,14 +51,14 @@ def inventory(run_dir: str | os.PathLike[str], verify: bool = False) -> list[Fou
     found = []
     for name in names:
         if whole := CHECKPOINT_NAME.match(name):
-            found.append(_whole(int(whole[1]), folder / name, verify))
+            complete = has_sidecar(name, set(names))  # of this version or an earlier one
+            found.append(_whole(int(whole[1]), folder / name, complete, verify))
         elif sharded := SHARDED_NAME.match(name):
             found.append(_sharded(int(sharded[1]), folder / name))
     return sorted(found, key=lambda f: f.step)
 
 
-def _whole(step: int, path: pathlib.Path, verify: bool) -> Found:
-    complete = path.with_name(path.name + SIDECAR_SUFFIX).exists()
+def _whole(step: int, path: pathlib.Path, complete: bool, verify: bool) -> Found:
     found = Found(step, path, "whole", complete, path.stat().st_size, strategy="ddp")
     try:
         found.world_size = int(mapped.load(path)["world_size"])
@@ -71,7 +72,7 @@ def _whole(step: int, path: pathlib.Path, verify: bool) -> Found:
         CheckpointStore(path.parent.parent).verify(path)
         found.integrity = "digest ok"
     except CheckpointError as exc:
-        found.integrity = f"BAD: {exc}".split(". HINT")[0]
+        found.integrity = _bad(exc)
     return found
 
 
@@ -87,8 +88,13 @@ def _sharded(step: int, path: pathlib.Path) -> Found:
         ShardedStore(path.parent.parent).check(path)
         found.integrity = "file sizes ok"
     except CheckpointError as exc:
-        found.integrity = f"BAD: {exc}".split(". HINT")[0]
+        found.integrity = _bad(exc)
     return found
+
+
+def _bad(exc: CheckpointError) -> str:
+    """A failed check as one table cell: the problem, without its HINT."""
+    return f"BAD: {exc}".split(". HINT")[0]
 
 
 def export(run_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> tuple[Found, int]:

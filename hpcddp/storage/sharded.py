@@ -20,12 +20,13 @@ import time
 from typing import Any
 
 from hpcddp.errors import CheckpointError
+from hpcddp.run_files import CHECKPOINTS
 from hpcddp.storage import atomic
 from hpcddp.storage.checkpoint_names import (
     CHECKPOINT_NAME,
     MARKER,
     SHARDED_NAME,
-    SIDECAR_SUFFIX,
+    payload_of,
     sharded_complete_steps,
     sharded_name,
 )
@@ -38,7 +39,7 @@ class ShardedStore:
     """Step folders of sharded checkpoints; rank 0 opens, completes and prunes them."""
 
     def __init__(self, run_dir: str | os.PathLike[str], keep_last: int = 3) -> None:
-        self.directory = pathlib.Path(run_dir) / "checkpoints"
+        self.directory = pathlib.Path(run_dir) / CHECKPOINTS
         self.keep_last = keep_last
 
     def path_for(self, step: int) -> pathlib.Path:
@@ -121,6 +122,6 @@ class ShardedStore:
         if len(kept) < self.keep_last:
             return
         for name in sorted(os.listdir(self.directory)):  # a payload before its sidecar
-            whole = CHECKPOINT_NAME.match(name.removesuffix(SIDECAR_SUFFIX))
+            whole = CHECKPOINT_NAME.match(payload_of(name) or name)  # a sidecar of any version
             if whole and int(whole[1]) < min(kept):
                 atomic.unlink_quietly(self.directory / name)

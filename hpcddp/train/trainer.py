@@ -26,6 +26,7 @@ from hpcddp.launch.distenv import DistEnv
 from hpcddp.launch.resolve import check_backend, place
 from hpcddp.outcome import RunOutcome
 from hpcddp.records import rundir
+from hpcddp.run_files import LOGS
 from hpcddp.storage.runlock import RunLock
 from hpcddp.train import preemption, resharding
 from hpcddp.train.assembly import RunSetting
@@ -109,7 +110,7 @@ class Trainer:
                 socket_ifname=dist_cfg.socket_ifname,
                 refusal=refusal,
                 pin_cpus=dist_cfg.pin_cpus,
-                log_dir=pathlib.Path(self.config.run.dir) / "logs",  # NCCL's flight recorder
+                log_dir=pathlib.Path(self.config.run.dir) / LOGS,  # NCCL's flight recorder
             ) as done,
             _released(lock),
         ):
@@ -121,7 +122,7 @@ class Trainer:
                 env.rank,
                 "prepare the run directory",
             )
-            setup_logging(env, run_dir / "logs")
+            setup_logging(env, run_dir / LOGS)
             _log_place(env, done)
             try:
                 timeline.add("setup", time.perf_counter() - setup)

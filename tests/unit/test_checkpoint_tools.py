@@ -50,6 +50,14 @@ def test_inspect_lists_every_kind_and_the_torn(tmp_path):
     ]
 
 
+def test_inspect_counts_an_earlier_versions_sidecar_as_complete(tmp_path):
+    CheckpointStore(tmp_path).save(2, {"model": _weights(2), "world_size": 1})
+    folder = tmp_path / "checkpoints"
+    (folder / "step-00000002.pt.xxh3").rename(folder / "step-00000002.pt.sha256")  # older name
+    (found,) = inventory(tmp_path, verify=True)
+    assert (found.complete, found.integrity) == (True, "digest ok")
+
+
 @pytest.mark.parametrize("newest", ["whole", "sharded"])
 def test_export_writes_the_newest_complete_models_weights(tmp_path, newest):
     CheckpointStore(tmp_path).save(2, {"model": _weights(2), "world_size": 2})
