@@ -7,10 +7,10 @@ every job; and native threads torn down while a peer leaves can abort the proces
 clean stop then read as a crash. Everything an exit promises still happens first: other
 threads are joined and every exit handler runs (logs, trackers, loader workers); only then are
 the standard streams flushed and the process ends with main's status.
-A failure keeps the ordinary exit: a rank that only lost a peer must not end before srun has
-heard of the rank that died, whose node the job script's policy reads from srun's first error
-line; an exception main does not handle keeps its traceback. (A Ctrl-C reaches every rank:
-no rank's report has to come first.)
+A failure keeps the ordinary exit: a rank that only lost a peer should not end before srun has
+heard of the rank that died, whose node the job script's policy reads from srun's error lines
+(passing over ranks that only lost a peer, exit status 76); an exception main does not handle
+keeps its traceback. (A Ctrl-C reaches every rank: no rank's report has to come first.)
 """
 
 import atexit

@@ -8,6 +8,11 @@ trainer and CLI return them; both must agree, so both read them from here.
 OK = 0
 FAILED = 1  # an error hpcddp explained (a message with a HINT)
 USAGE = 2  # bad command line or configuration, as argparse uses it
+# A rank that failed only because another rank died first (`hpcddp.errors.PeerLostError`): never
+# the cause. srun reports the tasks' ends in the order it hears of them, so the survivor's line
+# can come before the dead rank's; this status lets the job script's policy pass it over.
+# EX_PROTOCOL: the other side of an exchange went away.
+PEER_LOST = 76
 # A rank the hang watchdog found hung (`hpcddp.comm.watchdog`): a rank death, so the job script
 # requeues the job without its node, as for a rank that was killed. timeout(1)'s status.
 HUNG = 124

@@ -145,7 +145,7 @@ trap 'forward TERM' TERM
 # first: the step's stderr is copied aside (tee writes through at once) and still reaches the
 # job's output. The copy ignores SIGTERM, so that when a requeue ends the job the ranks' last
 # lines are not lost with it. run_step: one step on `step_args`; sets `status` and
-# `first_error`.
+# `srun_deaths` (srun's lines naming a task that ended badly).
 run_step() {
     local srun_errors errors_pid seen
     srun_errors=$(mktemp "${TMPDIR:-/tmp}/hpcddp-$SLURM_JOB_ID.XXXXXX")
@@ -168,7 +168,7 @@ run_step() {
     step_pid=
     exec 3>&-
     wait "$errors_pid" 2>/dev/null || true
-    first_error=$(grep -m 1 -E '^srun: error: [^ ]+: tasks? [0-9]' "$srun_errors" || true)
+    srun_deaths=$(grep -m 64 -E '^srun: error: [^ ]+: tasks? [0-9]' "$srun_errors" || true)
     rm -f "$srun_errors"
 }
 
@@ -229,7 +229,7 @@ while read -r action step_hosts avoid <<<"$decision" && [[ $action == run ]]; do
     fi
     terminated_flag=()
     if ((terminated)); then terminated_flag=(--terminated); fi
-    decision=$(policy after --status "$status" --srun-error "$first_error" --hosts "$step_hosts" \
+    decision=$(policy after --status "$status" --srun-errors "$srun_deaths" --hosts "$step_hosts" \
         --avoid "${avoid:-}" --node-states "$node_states" --excluded "$avoided" \
         ${terminated_flag[@]+"${terminated_flag[@]}"} ${check[@]+"${check[@]}"}) ||
         decision="stop $status"

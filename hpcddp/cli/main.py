@@ -48,8 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def exit_status(err: HpcddpError) -> int:
-    """Bad input is 2 wherever it is found; other errors hpcddp explains are 1."""
-    return exit_codes.USAGE if isinstance(err, USAGE_ERRORS) else exit_codes.FAILED
+    """Bad input is 2 wherever it is found; a rank that only lost a peer 76 (never
+    the cause);
+    other errors hpcddp explains are 1."""
+    if isinstance(err, USAGE_ERRORS):
+        return exit_codes.USAGE
+    return exit_codes.PEER_LOST if isinstance(err, PeerLostError) else exit_codes.FAILED
 
 
 def report(err: HpcddpError, code: int) -> None:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from hpcddp import exit_codes
 from hpcddp.launch import deaths, error_reports
 from hpcddp.launch.ports import PORT_BASE, PORT_SPAN
 
@@ -183,13 +184,23 @@ def _wait(
         codes = [c.poll() for c in children]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
-            rank, code = failed[0]
             _settle(children, settle_s)
+            cause = _cause(failed[0], children)
             _stop(children, grace_s)
-            return rank, code
+            return cause
         if all(c == 0 for c in codes):
             return None
         time.sleep(0.05)
+
+
+def _cause(first: tuple[int, int], children: list[subprocess.Popen[bytes]]) -> tuple[int, int]:
+    """(rank, returncode) of the failure that caused the others: the first one seen, unless
+    that rank only lost a peer (`exit_codes.PEER_LOST`): it can end before the rank that died."""
+    if first[1] != exit_codes.PEER_LOST:
+        return first
+    ended = [(r, c.returncode) for r, c in enumerate(children) if c.returncode not in (None, 0)]
+    causes = [(rank, code) for rank, code in ended if code != exit_codes.PEER_LOST]
+    return causes[0] if causes else first
 
 
 def _settle(children: list[subprocess.Popen[bytes]], settle_s: float) -> None:

@@ -54,16 +54,26 @@ class Failure:
     signalled: bool = False  # the first task to end was killed (Aborted, Killed ...): a death
 
     @classmethod
-    def from_srun(cls, status: int, line: str) -> "Failure":
-        """``srun: error: n2: task 3: Killed`` -> node n2, ``task 3 on n2: Killed``.
+    def from_srun(cls, status: int, errors: str) -> "Failure":
+        """The cause among srun's error lines in ``errors``: the first line of a task that did
+        not only lose a peer (``srun: error: n2: task 3: Killed`` -> node n2, ``task 3 on n2:
+        Killed``).
 
         The first rank to stop ends the others (``--kill-on-bad-exit``), whose "Terminated"
-        then decides srun's status: the first one's own exit status is the step's answer.
+        then decides srun's status: the cause's own exit status is the step's answer. srun
+        prints the lines in the order it hears of the ends, not the order they happened, so a
+        survivor's ``exit code 3`` (`exit_codes.PEER_LOST`) may come first; it is passed over.
         """
-        found = _SRUN_ERROR.match(line.strip())
-        if found is None:
-            return cls(status, "", f"the step exited with status {status}")
-        node, tasks, how = found.groups()
+        matches = (_SRUN_ERROR.match(line.strip()) for line in errors.splitlines())
+        found = [cls._from_match(status, match) for match in matches if match]
+        causes = [f for f in found if f.status != exit_codes.PEER_LOST] or found
+        if causes:
+            return causes[0]
+        return cls(status, "", f"the step exited with status {status}")
+
+    @classmethod
+    def _from_match(cls, status: int, line: re.Match[str]) -> "Failure":
+        node, tasks, how = line.groups()
         exited = _EXITED.fullmatch(how)
         status = int(exited[1]) if exited else status
         return cls(status, node, f"{tasks} on {node}: {how}", _killed_by_signal(how))

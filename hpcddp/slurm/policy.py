@@ -28,7 +28,7 @@ partition nodes count as usable for that requeue is decided from ``sinfo``'s own
 ``RUN_DIR/attempts.jsonl`` (`hpcddp.records.attempts`).
 
 Usage: ``python -m hpcddp.slurm.policy first [--config=CONFIG] [key=value ...]`` and
-``python -m hpcddp.slurm.policy after --status N --srun-error LINE --hosts H1,H2 --avoid LIST
+``python -m hpcddp.slurm.policy after --status N --srun-errors LINES --hosts H1,H2 --avoid LIST
 --node-states "n1 idle\nn2 down ..." --excluded LIST [--terminated] [--check]
 [--config=CONFIG] [key=value ...]``
 """
@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hpcddp.slurm.policy")
     parser.add_argument("when", choices=("first", "after"))
     parser.add_argument("--status", type=int, default=0)
-    parser.add_argument("--srun-error", default="")
+    parser.add_argument("--srun-errors", default="", help="srun's error lines, one a line")
     parser.add_argument("--hosts", default="")
     parser.add_argument("--avoid", default="")
     parser.add_argument("--node-states", default="", help="sinfo -h -N -o '%%N %%t'")
@@ -152,7 +152,7 @@ def _after(args: argparse.Namespace, environ: Mapping[str, str]) -> Decision:
 
 def _after_step(args: argparse.Namespace, environ: Mapping[str, str]) -> Decision:
     """After a step; a failure's attempt is recorded, since its dead ranks wrote nothing."""
-    failure = Failure.from_srun(args.status, args.srun_error)
+    failure = Failure.from_srun(args.status, args.srun_errors)
     quiet = failure.status in (exit_codes.OK, exit_codes.STOPPED_NOT_REQUEUED) or args.terminated
     if quiet or args.check:
         return after_step(

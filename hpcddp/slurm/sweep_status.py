@@ -115,8 +115,9 @@ def failure_reason(record: JobRecord, reason: str) -> str:
 
 
 def _srun_death(stderr: pathlib.Path) -> str:
-    """``task 1 on c2n1: Killed`` from the first ``srun: error: HOST: task N: ...`` line: the
-    first task to die ended the others (``--kill-on-bad-exit``), so its line is the cause."""
+    """``task 1 on c2n1: Killed`` from srun's ``srun: error: HOST: task N: ...`` lines: the
+    task that died first ended the others (``--kill-on-bad-exit``), so its line is the cause
+    (`Failure.from_srun` chooses it)."""
     try:
         with stderr.open("rb") as handle:
             size = handle.seek(0, 2)
@@ -124,10 +125,8 @@ def _srun_death(stderr: pathlib.Path) -> str:
             tail = handle.read().decode(errors="replace")
     except OSError:
         return ""
-    deaths = [line for line in tail.splitlines() if line.startswith("srun: error: ")]
-    found = [Failure.from_srun(1, line) for line in deaths]
-    named = [failure.what for failure in found if failure.node]
-    return named[0] if named else ""
+    failure = Failure.from_srun(1, tail)
+    return failure.what if failure.node else ""
 
 
 # -- figures from the run directory ------------------------------------------------------------

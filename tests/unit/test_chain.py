@@ -218,7 +218,7 @@ def test_the_helper_names_the_links_to_cancel_after_the_run_completed(tmp_path, 
     assert out == "stop 0 13\n"
     assert "the run completed before link 2 started; nothing to do; cancelling the chain's " in err
     # a failure the policy does not retry ends the chain too
-    fail = ["after", "--status", "2", "--srun-error", "", *common]
+    fail = ["after", "--status", "2", "--srun-errors", "", *common]
     assert policy.main(fail, {**environ, "SLURM_JOB_ID": "13"}) == 0
     assert capsys.readouterr().out == "stop 2\n"  # the last link: nothing left
 

@@ -221,3 +221,25 @@ def test_a_local_launch_takes_a_free_port_below_the_ephemeral_range(monkeypatch)
     monkeypatch.undo()
     ports = {local.free_port() for _ in range(20)}
     assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN < EPHEMERAL_RANGE[0] for p in ports)
+
+
+# -- the rank that died is the cause, even when a survivor's exit is seen first ----------------
+
+
+def test_a_local_launch_names_the_rank_that_died_not_the_one_that_only_lost_it():
+    """A survivor that only lost its peer (exit 76) can end before the rank that died; the
+    launcher reports the death. The same rank exiting 1 first would be the cause itself."""
+    import signal
+    import subprocess
+    import sys
+
+    from hpcddp import exit_codes
+    from hpcddp.launch import local
+
+    def ranks(first_status: int) -> list[subprocess.Popen]:
+        first = f"import sys; sys.exit({first_status})"
+        dies = "import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)"
+        return [subprocess.Popen([sys.executable, "-c", code]) for code in (first, dies)]
+
+    assert local._wait(ranks(exit_codes.PEER_LOST), settle_s=10) == (1, -signal.SIGKILL)
+    assert local._wait(ranks(exit_codes.FAILED), settle_s=10) == (0, exit_codes.FAILED)

@@ -16,7 +16,7 @@ from hpcddp.slurm import policy
 ABORTED_N1 = "srun: error: n1: task 0: Aborted"  # the waiter, killed by NCCL's watchdog
 
 # the job script's question after srun reported n1's task aborted (NCCL's watchdog killed it)
-AFTER_N1_ABORTED = ("after", "--status", "134", "--srun-error", ABORTED_N1, "--node-states")
+AFTER_N1_ABORTED = ("after", "--status", "134", "--srun-errors", ABORTED_N1, "--node-states")
 AFTER_N1_ABORTED += ("n1 idle\nn2 idle\nn3 idle",)
 
 

@@ -183,7 +183,7 @@ def test_the_job_script_s_helper_tells_a_requeue_then_the_failure_that_ends_the_
     run_dir = _run_dir_at_step_30(tmp_path)
     with Receiver() as receiver:
         states = "n1 idle\nn2 idle\nn3 idle"
-        argv = ["after", "--status", "137", "--srun-error", KILLED, "--node-states", states]
+        argv = ["after", "--status", "137", "--srun-errors", KILLED, "--node-states", states]
         argv += [f"run.dir={run_dir}", f"notify.url={receiver.url}"]
         assert policy.main(argv, {**JOB, "SLURM_RESTART_COUNT": "0"}) == 0
         receiver.wait_for(1)  # the job script's helper is a process per step, seconds apart
@@ -202,7 +202,7 @@ def test_the_job_script_s_helper_tells_a_chat_channel_too(tmp_path):
             "after",
             "--status",
             "137",
-            "--srun-error",
+            "--srun-errors",
             KILLED,
             "--node-states",
             "n1 idle\nn2 idle\nn3 idle",

@@ -37,6 +37,25 @@ def test_srun_names_the_node_and_task_that_died_first():
     assert (unknown.node, unknown.what) == ("", "the step exited with status 1")
 
 
+def test_a_survivor_that_only_lost_its_peer_is_passed_over_whenever_srun_heard_of_it():
+    """srun prints the ends in the order it hears of them: the rank that lost its peer (exit 76)
+    can come first; the death is the cause, and its node is the one to leave out."""
+    lost = "srun: error: n1: task 0: Exited with exit code 76"
+    lines = f"{lost}\nsrun: launch/slurm: _step_signal: Terminating StepId=7.0\n{KILLED}\n"
+    assert Failure.from_srun(1, lines) == Failure(1, "n2", "task 3 on n2: Killed", True)
+    assert Failure.from_srun(76, lost).node == "n1"  # nothing else said: the survivor's own line
+    error_first = f"srun: error: n1: task 0: Exited with exit code 1\n{KILLED}"
+    assert Failure.from_srun(1, error_first).what == "task 0 on n1: Exited with exit code 1"
+
+
+def test_a_rank_that_lost_a_peer_exits_with_its_own_status():
+    from hpcddp.cli.main import exit_status
+    from hpcddp.errors import DistributedError, PeerLostError
+
+    assert exit_status(PeerLostError("rank 1 died")) == exit_codes.PEER_LOST
+    assert exit_status(DistributedError("the group could not form")) == exit_codes.FAILED
+
+
 def situation(**changes):
     base = {"job": "12", "max_failures": 2, "earlier": [], "gained": 40, "excluded": ()}
     base.update({"usable": None, "allocation": ("n1", "n2"), "spare_nodes": 0}, **changes)
@@ -129,7 +148,7 @@ def test_the_helper_decides_and_records_the_attempt(tmp_path, capsys):
         (run_dir / "checkpoints" / name).write_text("x")
     environ = {"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
     environ["SLURM_JOB_NUM_NODES"] = "1"
-    argv = ["after", "--status", "137", "--srun-error", KILLED, "--node-states", NODE_STATES]
+    argv = ["after", "--status", "137", "--srun-errors", KILLED, "--node-states", NODE_STATES]
     argv += ["--excluded", "(null)", f"run.dir={run_dir}"]
     assert policy.main(argv, environ) == 0
     out, err = capsys.readouterr()
@@ -212,7 +231,7 @@ def test_the_helper_restarts_and_records_the_attempt(tmp_path, capsys):
     common = [f"run.dir={run_dir}", "slurm.spare_nodes=1"]
     assert policy.main(["first", *common], environ) == 0
     assert capsys.readouterr().out == "run n1,n2\n"
-    argv = ["after", "--status", "137", "--srun-error", KILLED, "--hosts", "n1,n2", *common]
+    argv = ["after", "--status", "137", "--srun-errors", KILLED, "--hosts", "n1,n2", *common]
     assert policy.main(argv, environ) == 0
     out, err = capsys.readouterr()
     assert out == "run n1,n3 n2\n" and "restarting in job 12 on n1,n3 without n2" in err
@@ -228,7 +247,7 @@ def test_the_helper_reads_sinfo_s_lines_for_the_nodes_a_requeue_could_use(tmp_pa
     """n2 died and n3 is down: the partition has one usable node left for a job of two."""
     environ = {"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
     states = "n1 idle\nn2 mix\nn3 down*\n"
-    argv = ["after", "--status", "137", "--srun-error", KILLED, "--node-states", states]
+    argv = ["after", "--status", "137", "--srun-errors", KILLED, "--node-states", states]
     assert policy.main([*argv, f"run.dir={tmp_path}"], environ) == 0
     out, err = capsys.readouterr()
     assert out == "stop 137\n" and "the partition has 1 usable node(s) for a job of 2" in err
@@ -298,7 +317,7 @@ def test_the_helper_records_how_far_the_job_shrank(tmp_path, capsys):
     run_dir = tmp_path / "run"
     environ = {"SLURM_JOB_ID": "12", "SLURM_JOB_NODELIST": "n[1-2]"}
     common = [f"run.dir={run_dir}", "slurm.nodes=2", "slurm.shrink_on_failure=true"]
-    argv = ["after", "--status", "137", "--srun-error", KILLED, *common, "slurm.min_nodes=1"]
+    argv = ["after", "--status", "137", "--srun-errors", KILLED, *common, "slurm.min_nodes=1"]
     assert policy.main(argv, environ) == 0
     out, err = capsys.readouterr()
     assert out == "run n1 n2\n" and "shrinking from 2 to 1 node(s)" in err

@@ -75,7 +75,7 @@ def test_the_helper_excludes_the_hung_node_from_the_verdict_and_records_its_dete
     environ = {"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n[1-2]",
                "SLURM_JOB_NUM_NODES": "1"}  # fmt: skip
     srun_saw = f"srun: error: n1: task 0: Exited with exit code {exit_codes.HUNG}"
-    argv = ["after", "--status", str(exit_codes.HUNG), "--srun-error", srun_saw,
+    argv = ["after", "--status", str(exit_codes.HUNG), "--srun-errors", srun_saw,
             "--node-states", "n1 idle\nn2 mix\nn3 idle", "--excluded", "(null)",
             f"run.dir={run_dir}"]  # fmt: skip
     assert policy.main(argv, environ) == 0
