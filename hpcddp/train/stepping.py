@@ -87,7 +87,8 @@ class Stepper:
         norm = self.strategy.grad_norm(_grads(params)) if wanted else None
         skip, seen = self.guard.look(params, norm, number)
         if not skip:
-            if norm is not None:
+            if clip:  # the norm may be the guard's alone (fsdp): 0 is no clipping, not to 0
+                assert norm is not None
                 torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
             self.optimizer.step()
             self.scheduler.step()

@@ -277,18 +277,36 @@ class CompileWitness(torch.nn.Module):
 
 
 @pytest.mark.slow
-def test_torch_compile_trains_the_compiled_model(tmp_path, monkeypatch):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_torch_compile_trains_the_compiled_model(tmp_path, monkeypatch, strategy):
     from examples.quickstart import make_dataset
 
     # dynamo traces the model as it would for inductor; inductor's C++ code generation (half a
     # minute of both cores here) is torch's to test, not ours
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    monkeypatch.setattr(CompileWitness, "traced", False)
 
+    # under fsdp the MLP's Linear layers are its blocks, compiled after they are sharded
+    sharded = ["dist.strategy=fsdp", "dist.fsdp_blocks=[Linear]"] if strategy == "fsdp" else []
     config = load_config(
-        QUICKSTART, [f"run.dir={tmp_path}", *EXACT, "train.max_steps=3", "train.compile=true"]
+        QUICKSTART,
+        [f"run.dir={tmp_path}", *EXACT, "train.max_steps=3", "train.compile=true", *sharded],
     )
     result = Trainer(CompileWitness, make_dataset, config).fit(resolve_env({})).summary
     assert result.steps == 3 and result.final_loss < 2
     assert CompileWitness.traced
-    keys = torch.load(next((tmp_path / "checkpoints").glob("*.pt")), weights_only=True)["model"]
-    assert all(not k.startswith("_orig_mod") for k in keys)  # checkpoints stay portable
+    keys = _checkpointed_model_keys(tmp_path / "checkpoints")
+    assert keys and all(not k.startswith("_orig_mod") for k in keys)  # checkpoints stay portable
+
+
+def _checkpointed_model_keys(folder) -> list[str]:
+    """The model's parameter names in the run's checkpoint: a whole one's (ddp, ``.pt``) or a
+    sharded one's (fsdp, ``.dcp``: the names in DCP's metadata, less the ``model.`` prefix)."""
+    from torch.distributed import checkpoint as dcp
+
+    whole = list(folder.glob("*.pt"))
+    if whole:
+        return list(torch.load(whole[0], weights_only=True)["model"])
+    (sharded,) = folder.glob("*.dcp")
+    names = dcp.FileSystemReader(str(sharded)).read_metadata().state_dict_metadata
+    return [k.removeprefix("model.") for k in names if k.startswith("model.")]

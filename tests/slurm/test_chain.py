@@ -1,7 +1,9 @@
 """A chain on the real cluster: a run with more work than its one-minute time limit holds goes
 on across links with no user action, never requeues, ends with the weights of an unchained
-run, and the links left over are cancelled before they run. Its trackers (TensorBoard, W&B
-offline, MLflow's file store) hold one run across the links, each step once, finished."""
+run, and the links left over are cancelled before they run. Both runs are sharded
+(``dist.strategy=fsdp``): each link resumes from the shards the last one wrote at its stop.
+Its trackers (TensorBoard, W&B offline, MLflow's file store) hold one run across the links,
+each step once, finished."""
 
 import itertools
 import json
@@ -22,6 +24,8 @@ WORK = [
     "model.kwargs={rank: 0, delay_s: 0.8}",
     "slurm.signal_delay_s=0",
     "train.stop_before_end_s=15",
+    "dist.strategy=fsdp",
+    "dist.fsdp_blocks=[Linear]",  # the quickstart MLP's layers: its blocks
 ]
 
 
@@ -76,6 +80,7 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
     # Bitwise the weights of the unchained run.
     assert summary(chained)["weights_sha256"] == summary(straight)["weights_sha256"]
     assert summary(chained)["steps"] == summary(straight)["steps"] == 64
+    assert {c.suffix for c in (chained / "checkpoints").iterdir()} == {".dcp"}  # sharded
 
     # The links left were cancelled while pending: no node, no output, no run time.
     for link in links[ran:]:

@@ -1,11 +1,13 @@
 """A rank that hangs outside any collective is found by the watchdog, named, ended as a rank
-death, and its node left out of the requeued attempt, which completes the run.
+death, and its node left out of the requeued attempt, which completes the run; sharded
+(``dist.strategy=fsdp``), as the watchdog knows nothing of the strategy.
 
 The run starts on one node of the two, two ranks there; once it runs, the test names that node
 (`tests.fixtures.hang_node`): rank 1 sleeps forever in its forward while rank 0 waits for it in
-DDP's gradient all-reduce. With ``dist.hang_timeout_s=20`` both watchdogs see the stall, write
-their stacks, and agree through the store that rank 1 is behind; rank 1 ends with the HUNG
-status, the job script requeues the job without the node, and the next attempt finishes.
+FSDP's all-gather of the first block's parameters. With ``dist.hang_timeout_s=20`` both
+watchdogs see the stall, write their stacks, and agree through the store that rank 1 is behind;
+rank 1 ends with the HUNG status, the job script requeues the job without the node, and the
+next attempt finishes from the sharded checkpoint.
 """
 
 import json
@@ -39,6 +41,8 @@ def test_a_hung_rank_is_named_with_its_stacks_and_the_job_goes_on_without_its_no
             "train.checkpoint_every_steps=4",
             "train.log_every_steps=1",
             "dist.hang_timeout_s=20",
+            "dist.strategy=fsdp",
+            "dist.fsdp_blocks=[Linear]",  # the quickstart MLP's layers: its blocks
             "model.factory=tests.fixtures.hang_node:make_model",
             f"model.kwargs={{host_file: {hang_host}, at_call: 10, rank: 1}}",
             f"notify.url={receiver.url}",
@@ -72,13 +76,14 @@ def test_a_hung_rank_is_named_with_its_stacks_and_the_job_goes_on_without_its_no
     assert "hang_node.py" in console[0] and f"stacks are in {stacks}" in console[0]
     # every rank's stacks, the hung frame in the hung rank's, the all-reduce wait in the other's
     assert "sleep_forever" in (stacks / "rank-1.txt").read_text()
-    assert "backward" in (stacks / "rank-0.txt").read_text()
+    assert "foreach_all_gather" in (stacks / "rank-0.txt").read_text()  # fsdp's gather
     assert re.search(
         rf"hpcddp: rank 1 on {first}: hung; requeueing job {job_id} without {first} ", output
     )
     assert f"Exited with exit code {exit_codes.HUNG}" in output  # a rank death, not bad input
 
     done = summary(run_dir)
+    assert {c.suffix for c in (run_dir / "checkpoints").iterdir()} == {".dcp"}  # sharded
     assert done["steps"] == 3 * 2048 // 2 // 32 and first not in done["hosts"]
     (resumed_at,) = prove_resumed(run_dir, resumes=1)
     failed, finished = done["attempts"]

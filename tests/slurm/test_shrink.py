@@ -1,12 +1,14 @@
 """No spare left: a node dies and training goes on inside the same job on the node that remains.
 
-``sbatch -N2 --ntasks-per-node=1 sbatch/train.sh CONFIG slurm.shrink_on_failure=true
-slurm.min_nodes=1`` trains one rank on each node. The rank on the second node dies at its 20th
-step (`tests.fixtures.dying_node`); with no spare to take its place the batch shell asks
+``sbatch -N2 --ntasks-per-node=1 sbatch/train.sh CONFIG dist.strategy=fsdp
+slurm.shrink_on_failure=true slurm.min_nodes=1`` trains one rank on each node, sharded (the
+MLP's Linear layers are its blocks). The rank on the second node dies at its 20th step
+(`tests.fixtures.dying_node`); with no spare to take its place the batch shell asks
 `hpcddp.slurm.policy`, which answers ``run FIRST SECOND``: a new step of one rank on the first
 node, at once, in the same job (no requeue, no queue wait). That rank resumes from the latest
-checkpoint written by two ranks and keeps the global batch of 64 samples by accumulating two
-micro-batches of 32 (`hpcddp.train.resharding`), so the run ends at the same step count.
+checkpoint, each of the two ranks' shards resharded onto one, and keeps the global batch of 64
+samples by accumulating two micro-batches of 32 (`hpcddp.train.resharding`), so the run ends at
+the same step count. (ddp's resume at another world size is tests/local/test_trainer.py's.)
 """
 
 import re
@@ -41,6 +43,8 @@ def test_a_dead_node_with_no_spare_shrinks_the_run_onto_the_node_left(slurm_clus
             "slurm.nodes=2",
             "slurm.shrink_on_failure=true",
             "slurm.min_nodes=1",
+            "dist.strategy=fsdp",
+            "dist.fsdp_blocks=[Linear]",
             f"notify.url={receiver.url}",
             options=("--ntasks-per-node=1", "--job-name=shrink"),
         )
@@ -55,9 +59,16 @@ def test_a_dead_node_with_no_spare_shrinks_the_run_onto_the_node_left(slurm_clus
     )
     assert re.search(shrank, output), output[-4000:]
     assert "train.grad_accum_steps 1 -> 2 keeps the global batch of 64 samples" in output
+    # sharded on both nodes, then on the one left, from every rank's shards
+    assert "fsdp: 3 blocks sharded over 2 ranks" in output
+    assert "fsdp: 3 blocks sharded over 1 ranks" in output
+    assert "resuming a checkpoint of 2 ranks on 1" in output
 
     done = summary(run_dir)
+    checkpoints = list((run_dir / "checkpoints").iterdir())
+    assert checkpoints and all(c.name.endswith(".dcp") for c in checkpoints), checkpoints
     assert done["steps"] == STEPS  # each step still 64 samples: as many steps as planned
+    assert done["final_loss"] < 1.0  # it trained: an untrained model's loss is ln 4 = 1.39
     (resumed_at,) = prove_resumed(run_dir, resumes=1)
     assert 16 <= resumed_at < 20  # the checkpoint before the death, every 4 steps
     failed, finished = done["attempts"]

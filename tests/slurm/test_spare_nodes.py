@@ -5,7 +5,8 @@ keeps the third in reserve. Every rank on the second node dies at its 40th step
 (`tests.fixtures.dying_node`); the batch shell asks `hpcddp.slurm.policy`, which answers
 ``run FIRST,THIRD SECOND``, and starts a new step there at once: no requeue (Restarts=0), no
 queue wait; the ranks resume from the latest checkpoint with the same world size, so the final
-weights equal an uninterrupted run's.
+weights equal an uninterrupted run's. Both runs are sharded (``dist.strategy=fsdp``): the ranks
+on the spare read the shards the dead node's ranks wrote.
 """
 
 import json
@@ -26,6 +27,8 @@ RUN = [
     "train.checkpoint_every_steps=4",
     "train.log_every_steps=1",
     "model.factory=tests.fixtures.dying_node:make_model",
+    "dist.strategy=fsdp",
+    "dist.fsdp_blocks=[Linear]",  # the quickstart MLP's layers: its blocks
 ]
 
 
@@ -94,6 +97,7 @@ def test_a_dead_node_is_replaced_by_a_spare_within_the_job(spare_cluster, tmp_pa
     assert done["steps"] == expected["steps"] == STEPS
     assert done["weights_sha256"] == expected["weights_sha256"]
     (resumed_at,) = prove_resumed(run_dir, resumes=1)
+    assert {c.suffix for c in (run_dir / "checkpoints").iterdir()} == {".dcp"}  # sharded
     failed, finished = done["attempts"]
     assert failed["nodes"] == [first, second] and failed["excluded"] == [second]
     assert failed["then"] == "restart" and 36 <= resumed_at < 40  # checkpoints every 4 steps

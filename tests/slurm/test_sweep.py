@@ -5,7 +5,9 @@ node death: SIGKILL, with ``slurm.max_failures=0``, so nothing retries it); ``hp
 SWEEP_DIR`` then shows 2 completed with eval metrics and 2 failed with srun's reason;
 ``--retry-failed`` resubmits only those 2 as a new array over the same run directories, they
 resume from their checkpoints and complete, and the table shows 4 completed; ``--json`` agrees.
-One sweep (and one retry) serves every check below.
+One sweep (and one retry) serves every check below. Every point trains sharded
+(``dist.strategy=fsdp``, one rank: a sweep's points are as often one GPU each), so the retried
+points resume from sharded checkpoints.
 """
 
 import json
@@ -27,6 +29,8 @@ SETTINGS = (
     "train.log_every_steps=4",
     "slurm.max_failures=0",
     "model.factory=tests.fixtures.dies_once:make_model",
+    "dist.strategy=fsdp",
+    "dist.fsdp_blocks=[Linear]",  # the quickstart MLP's layers: its blocks
 )
 GRID = ("--grid", "optim.lr=0.001,0.003", "--grid", "model.kwargs.die_at_call=0,20")
 DYING = (1, 3)  # lr first (slowest), die_at_call second
@@ -135,6 +139,7 @@ def check_retry_completes_only_the_failed_points_which_resume(sweep):
         run_dir = pathlib.Path(manifest["points"][index]["run_dir"])
         lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert any(r.get("event") == "resumed" for r in lines)
+        assert {c.suffix for c in (run_dir / "checkpoints").iterdir()} == {".dcp"}
     # die_at_call changes nothing but the death, and resume is exact: same lr, same metrics
     final = [r["metrics"]["final"] for r in sweep["after_json"]]
     assert final[0] == final[1] and final[2] == final[3] and final[0] != final[2]
