@@ -119,6 +119,19 @@ def _share_the_machine(request: pytest.FixtureRequest, tmp_path_factory: pytest.
         yield
 
 
+@pytest.fixture
+def shared_run(tmp_path_factory: pytest.TempPathFactory):
+    """``shared_run(args, make)``: the run ``make(run_dir)`` made once this session for ``args``
+    and read by every test that asks (`tests.fixtures.sharing.shared_run`)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if sharing.in_worker() else base  # a worker's is popen-gwN/
+
+    def get(args, make):
+        return sharing.shared_run(folder, list(args), make)
+
+    return get
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Turn a green run with skips into a red one under CI."""

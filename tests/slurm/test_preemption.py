@@ -3,7 +3,7 @@ its TensorBoard run is one run that holds each step once, as an uninterrupted ru
 
 import pytest
 
-from tests.fixtures.helpers import QUICK, summary, wait_for_step, wait_until
+from tests.fixtures.helpers import ENDED, QUICK, summary, wait_for_step, wait_until
 
 pytestmark = pytest.mark.slow
 LONGER = [*QUICK, "train.epochs=6", "train.log_every_steps=1", "tracking.backends=[tensorboard]"]
@@ -13,16 +13,16 @@ SAME_IN_EVERY_RUN = ("loss", "lr", "eval_loss", "eval_accuracy")  # not the timi
 def test_preempted_twice_then_identical_weights(slurm_cluster, tmp_path):
     options = ("--nodes=2", "--ntasks-per-node=2")
     (tmp_path / "ref").mkdir()
-    slurm_cluster.sbatch(
+    # the uninterrupted run trains while the other waits on its stops and requeues
+    reference, _ = slurm_cluster.sbatch(
         tmp_path / "ref",
         "sbatch/train.sh",
         "examples/quickstart.yaml",
         f"run.dir={tmp_path / 'straight'}",
         *LONGER,
         options=options,
+        wait=False,
     )
-    expected = summary(tmp_path / "straight")
-
     run_dir = tmp_path / "preempted"
     job_id = slurm_cluster.run(
         "sbatch",
@@ -54,8 +54,11 @@ def test_preempted_twice_then_identical_weights(slurm_cluster, tmp_path):
         final = slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
         output = (tmp_path / f"preempt-{job_id}.out").read_text()
         assert final == "COMPLETED", output[-4000:]
+        straight_end = slurm_cluster.wait_for(reference, ENDED, timeout=300)
+        assert straight_end == "COMPLETED", slurm_cluster.output(tmp_path / "ref", reference)
     finally:
-        slurm_cluster.run("scancel", job_id, check=False)
+        slurm_cluster.run("scancel", job_id, reference, check=False)
+    expected = summary(tmp_path / "straight")
     assert output.count("requeued") >= 2 and "restart 2" in output
     got = summary(run_dir)
     assert got["weights_sha256"] == expected["weights_sha256"]

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import hpcddp
-from tests.fixtures.helpers import QUICK, REPO, summary
+from tests.fixtures.helpers import ENDED, QUICK, REPO, summary
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +24,10 @@ def cluster(slurm_cluster, monkeypatch, tmp_path):
 
 
 def test_sbatch_submit_and_salloc_srun_end_with_the_same_weights(cluster, tmp_path):
-    # hpcddp.submit does not wait, so this job runs while the two below are started.
+    # hpcddp.submit and sbatch do not wait, so their jobs run while salloc's is started.
     job = hpcddp.submit(CONFIG, [f"run.dir={tmp_path}/submit", *QUICK], nodes=2, tasks_per_node=2)
-    cluster.run(
+    batch = cluster.run(
         "sbatch",
-        "--wait",
         "--parsable",
         *GEOMETRY,
         f"--output={tmp_path}/%x-%j.out",
@@ -36,8 +35,7 @@ def test_sbatch_submit_and_salloc_srun_end_with_the_same_weights(cluster, tmp_pa
         CONFIG,
         f"run.dir={tmp_path}/sbatch",
         *QUICK,
-        timeout=300,
-    )
+    ).stdout.strip()
     cluster.run(
         "salloc",
         *GEOMETRY,
@@ -51,6 +49,8 @@ def test_sbatch_submit_and_salloc_srun_end_with_the_same_weights(cluster, tmp_pa
         *QUICK,
         timeout=300,
     )
+    ended = cluster.wait_for(batch, ENDED, timeout=300)
+    assert ended == "COMPLETED", cluster.output(tmp_path, batch)[-4000:]
     job.result()
 
     runs = {way: summary(tmp_path / way) for way in ("sbatch", "submit", "salloc")}
