@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tests.conftest import longest_tests
+from tests.conftest import longest_tests, pytest_collection_modifyitems
 from tests.fixtures import cluster_boot, sharing
 from tests.fixtures.helpers import REPO
 
@@ -97,3 +97,21 @@ def test_a_shared_run_is_made_once_and_made_again_after_a_failure(tmp_path):
     assert (made[0] / "summary.json").exists()
     assert sharing.shared_run(tmp_path, ["a", "c"], make) != made[0]  # other args: another run
     assert len(made) == 2
+
+
+class _Item:
+    """What the suite's ordering reads of a collected test: its id, file and marks."""
+
+    def __init__(self, path: str, *marks: str):
+        self.nodeid, self.fspath, self.marks = f"{path}::t", REPO / path, marks
+
+    def get_closest_marker(self, name: str):
+        return name if name in self.marks else None
+
+
+def test_the_quiet_tests_start_last_and_the_slow_unit_tests_before_the_quick_ones():
+    quick, slow = _Item("tests/unit/test_a.py"), _Item("tests/unit/test_b.py", "slow")
+    quiet, local = _Item("tests/unit/test_c.py", "quiet"), _Item("tests/local/test_d.py")
+    items = [quiet, quick, slow, local]
+    pytest_collection_modifyitems(items)
+    assert items == [local, slow, quick, quiet]
