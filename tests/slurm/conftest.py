@@ -19,12 +19,7 @@ import pytest
 
 from tests.fixtures import cluster_boot
 from tests.fixtures.cluster_boot import CLUSTER_SCRIPT
-from tests.fixtures.helpers import ENDED, QUICK, REPO, in_ci
-
-# One job of the quickstart on 2 nodes x 2 tasks, `sbatch sbatch/train.sh` as a user types it:
-# made once a session (`quickstart_job`), read by the tests of what it leaves and of its weights.
-QUICKSTART_JOB = [*QUICK, "train.log_every_steps=4"]
-QUICKSTART_JOB_OPTIONS = ("--nodes=2", "--ntasks-per-node=2", "--job-name=itest")
+from tests.fixtures.helpers import ENDED, REPO, in_ci
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -238,42 +233,6 @@ def _cluster(instance: str, nodes: int | None) -> SlurmCluster:
         cli_env={"SLURM_CONF": conf},
         ifnames=dict(pair.split("=") for pair in exported["HPCDDP_SLURM_IFNAMES"].split()),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class FinishedJob:
-    """A job that ended well: its id, and the folder with its output file and its run dir."""
-
-    job_id: str
-    folder: pathlib.Path
-
-    @property
-    def run_dir(self) -> pathlib.Path:
-        return self.folder / "run"
-
-
-@pytest.fixture
-def quickstart_job(slurm_cluster, shared_run):
-    """``quickstart_job()``: the session's one `QUICKSTART_JOB`, run (by the first test that
-    asks, in any worker) with ``sbatch QUICKSTART_JOB_OPTIONS`` and output in its folder."""
-
-    def make(folder: pathlib.Path) -> None:
-        folder.mkdir()
-        job_id, _ = slurm_cluster.sbatch(
-            folder,
-            "sbatch/train.sh",
-            "examples/quickstart.yaml",
-            f"run.dir={folder / 'run'}",
-            *QUICKSTART_JOB,
-            options=QUICKSTART_JOB_OPTIONS,
-        )
-        (folder / "job-id").write_text(job_id)
-
-    def get() -> FinishedJob:
-        folder = shared_run(["sbatch", *QUICKSTART_JOB_OPTIONS, *QUICKSTART_JOB], make)
-        return FinishedJob((folder / "job-id").read_text(), folder)
-
-    return get
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,19 +9,27 @@ from tests.fixtures.helpers import QUICK, REPO, summary
 
 pytestmark = pytest.mark.slow
 
+# Two epochs of the quick run, logged every 4 steps.
+TWO_EPOCHS = [*QUICK, "train.epochs=2", "train.log_every_steps=4"]
 
-def test_two_nodes_two_tasks_each(slurm_cluster, quickstart_job):
-    """The session's `quickstart_job` (test_three_ways checks its weights): one epoch on two
-    nodes, two tasks each, logged every 4 steps, named itest."""
-    job = quickstart_job()
-    job_id, run_dir = job.job_id, job.run_dir
+
+def test_two_nodes_two_tasks_each(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    job_id, _output = slurm_cluster.sbatch(
+        tmp_path,
+        "sbatch/train.sh",
+        "examples/quickstart.yaml",
+        f"run.dir={run_dir}",
+        *TWO_EPOCHS,
+        options=("--nodes=2", "--ntasks-per-node=2", "--job-name=itest"),
+    )
     done = summary(run_dir)
     assert done["world_size"] == 4
     assert done["hosts"] == slurm_cluster.ranks_on(2, 2)  # two distinct hosts, block order
     assert done["launcher"] == "slurm" and done["job_id"] == job_id
-    assert done["steps"] == 2048 // 4 // 32
+    assert done["steps"] == 2 * 2048 // 4 // 32
     assert len(done["weights_sha256"]) == 64  # written only after every rank's hash agreed
-    assert (job.folder / f"itest-{job_id}.out").exists()  # named by job name and id
+    assert (tmp_path / f"itest-{job_id}.out").exists()  # named by job name and id
 
     # Only rank 0 wrote the run's files; each rank wrote nothing but its own log.
     files = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()}

@@ -1,21 +1,18 @@
 """One config at world size 4 (2 nodes x 2 tasks), three ways in, the same final weights;
 and the ways to look inside an allocation: labelled output, one rank under a debugger."""
 
-import concurrent.futures
 import subprocess
 import sys
 
 import pytest
 
 import hpcddp
-from tests.fixtures.helpers import QUICK, REPO, summary
-from tests.slurm.conftest import QUICKSTART_JOB
+from tests.fixtures.helpers import ENDED, QUICK, REPO, summary
 
 pytestmark = pytest.mark.slow
 
 CONFIG = "examples/quickstart.yaml"
 GEOMETRY = ["--nodes=2", "--ntasks-per-node=2"]
-ARGS = QUICKSTART_JOB  # the quick run, as the session's sbatch job trains it
 
 
 @pytest.fixture
@@ -26,30 +23,38 @@ def cluster(slurm_cluster, monkeypatch, tmp_path):
     return slurm_cluster
 
 
-def test_sbatch_submit_and_salloc_srun_end_with_the_same_weights(cluster, tmp_path, quickstart_job):
-    # hpcddp.submit does not wait, and the session's sbatch job (`quickstart_job`: test_sbatch
-    # reads it too) is made in a thread if no other test made it: all run while salloc's does.
-    job = hpcddp.submit(CONFIG, [f"run.dir={tmp_path}/submit", *ARGS], nodes=2, tasks_per_node=2)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        batch = pool.submit(quickstart_job)
-        cluster.run(
-            "salloc",
-            *GEOMETRY,
-            "srun",
-            sys.executable,
-            "-m",
-            "hpcddp",
-            "train",
-            CONFIG,
-            f"run.dir={tmp_path}/salloc",
-            *ARGS,
-            timeout=300,
-        )
-        sbatch_run = batch.result().run_dir
+def test_sbatch_submit_and_salloc_srun_end_with_the_same_weights(cluster, tmp_path):
+    # hpcddp.submit does not wait, so this job runs while the two below are started.
+    job = hpcddp.submit(CONFIG, [f"run.dir={tmp_path}/submit", *QUICK], nodes=2, tasks_per_node=2)
+    batch = cluster.run(  # not waited for: it trains while salloc's job does
+        "sbatch",
+        "--parsable",
+        *GEOMETRY,
+        f"--output={tmp_path}/%x-%j.out",
+        "sbatch/train.sh",
+        CONFIG,
+        f"run.dir={tmp_path}/sbatch",
+        *QUICK,
+        timeout=300,
+    )
+    cluster.run(
+        "salloc",
+        *GEOMETRY,
+        "srun",
+        sys.executable,
+        "-m",
+        "hpcddp",
+        "train",
+        CONFIG,
+        f"run.dir={tmp_path}/salloc",
+        *QUICK,
+        timeout=300,
+    )
+    ended = cluster.wait_for(batch.stdout.strip(), ENDED, timeout=300)
+    assert ended == "COMPLETED", cluster.output(tmp_path, batch.stdout.strip())[-4000:]
     job.result()
 
-    runs = {way: summary(tmp_path / way) for way in ("submit", "salloc")}
-    runs["sbatch"] = summary(sbatch_run)
+    runs = {way: summary(tmp_path / way) for way in ("sbatch", "submit", "salloc")}
     for way, done in runs.items():
         assert (done["world_size"], done["hosts"], done["launcher"]) == (
             4,
