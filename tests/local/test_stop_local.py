@@ -38,7 +38,8 @@ def checkpoint_steps(run_dir):
 
 def finish_and_compare(shared_run, run_dir):
     train_local(run_dir, *LONG)
-    straight = shared_run(LONG, lambda straight: train_local(straight, *LONG))  # made once
+    # made once a session, for both tests that stop this run
+    straight = shared_run([*LONG, "--nproc", "2"], lambda made: train_local(made, *LONG, nproc=2))
     assert summary(run_dir)["weights_sha256"] == summary(straight)["weights_sha256"]
 
 
