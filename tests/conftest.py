@@ -18,8 +18,9 @@ from tests.fixtures.helpers import REPO, in_ci
 
 # Tests start in this order: the longest first (tests/longest.txt), then the Slurm and local
 # tiers interleaved (the Slurm tier mostly waits on the cluster while the local tier keeps the
-# cores busy), the quick unit tests, and the quiet tests last: each has the machine to itself,
-# so one dealt out mid-run would keep every worker waiting while the running tests drain.
+# cores busy), the quick unit tests (those marked slow, which start ranks, first of them), and
+# the quiet tests last: each has the machine to itself, so it waits for every running test; a
+# slow one among the last to start kept it (and the cores) waiting up to 35 s.
 INTERLEAVED, LAST = ("slurm", "local"), ("unit",)
 LONGEST = pathlib.Path(__file__).parent / "longest.txt"
 
@@ -92,7 +93,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = tiers.pop(name, [])
         keyed += [(index / len(tier), item) for index, item in enumerate(tier)]
     ordered = first + [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
-    ordered += [item for name in LAST for item in tiers.pop(name, [])]
+    for name in LAST:
+        ordered += sorted(tiers.pop(name, []), key=lambda item: not item.get_closest_marker("slow"))
     ordered += [item for rest in tiers.values() for item in rest]
     items[:] = ordered + quiet
 
@@ -117,6 +119,19 @@ def _share_the_machine(request: pytest.FixtureRequest, tmp_path_factory: pytest.
     folder = tmp_path_factory.getbasetemp().parent  # the same for every worker of this run
     with sharing.machine(folder, quiet=request.node.get_closest_marker("quiet") is not None):
         yield
+
+
+@pytest.fixture
+def shared_run(tmp_path_factory: pytest.TempPathFactory):
+    """``shared_run(args, make)``: the run ``make(run_dir)`` made once this session for ``args``
+    and read by every test that asks (`tests.fixtures.sharing.shared_run`)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if sharing.in_worker() else base  # a worker's is popen-gwN/
+
+    def get(args, make):
+        return sharing.shared_run(folder, list(args), make)
+
+    return get
 
 
 @pytest.hookimpl(trylast=True)

@@ -36,13 +36,14 @@ def checkpoint_steps(run_dir):
     return sorted(int(p.stem.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*.pt"))
 
 
-def finish_and_compare(tmp_path, run_dir):
+def finish_and_compare(shared_run, run_dir):
     train_local(run_dir, *LONG)
-    train_local(tmp_path / "straight", *LONG)
-    assert summary(run_dir)["weights_sha256"] == summary(tmp_path / "straight")["weights_sha256"]
+    # made once a session, for both tests that stop this run
+    straight = shared_run([*LONG, "--nproc", "2"], lambda made: train_local(made, *LONG, nproc=2))
+    assert summary(run_dir)["weights_sha256"] == summary(straight)["weights_sha256"]
 
 
-def test_ctrl_c_stops_every_rank_and_keeps_a_checkpoint(tmp_path):
+def test_ctrl_c_stops_every_rank_and_keeps_a_checkpoint(tmp_path, shared_run):
     run_dir = tmp_path / "run"
     launcher = start(run_dir)
     wait_for_step(run_dir, 30)
@@ -53,10 +54,10 @@ def test_ctrl_c_stops_every_rank_and_keeps_a_checkpoint(tmp_path):
     assert checkpoint_steps(run_dir)[-1] > 30
     assert not (run_dir / "summary.json").exists()
     assert not list((run_dir / "checkpoints").glob(".*tmp*"))
-    finish_and_compare(tmp_path, run_dir)
+    finish_and_compare(shared_run, run_dir)
 
 
-def test_signal_reaching_one_rank_stops_all_at_the_same_step(tmp_path):
+def test_signal_reaching_one_rank_stops_all_at_the_same_step(tmp_path, shared_run):
     run_dir = tmp_path / "run"
     launcher = start(run_dir)
     wait_for_step(run_dir, 30)
@@ -67,7 +68,7 @@ def test_signal_reaching_one_rank_stops_all_at_the_same_step(tmp_path):
     assert launcher.returncode == exit_codes.STOPPED_NOT_REQUEUED, output[-3000:]
     assert "not a Slurm job, nothing to requeue" in output
     assert "re-run the same command to resume" in output
-    finish_and_compare(tmp_path, run_dir)
+    finish_and_compare(shared_run, run_dir)
 
 
 def test_stops_before_the_time_limit_without_any_signal(tmp_path):

@@ -2,6 +2,8 @@
 batch shell, as --signal=B:USR2 sends before the time limit) is requeued, resumes from every
 rank's shards, and ends bitwise equal to an uninterrupted 4-rank fsdp run on this machine."""
 
+import concurrent.futures
+
 import pytest
 
 from tests.fixtures.helpers import run_cli, summary, wait_for_step, wait_until
@@ -13,8 +15,23 @@ LONGER = ["train.epochs=30", "train.checkpoint_every_steps=20"]  # 120 steps: ti
 
 def test_fsdp_job_preempted_once_ends_as_an_uninterrupted_run(slurm_cluster, tmp_path):
     straight = tmp_path / "straight"
-    result = run_cli("train", CONFIG, f"run.dir={straight}", *LONGER, "--nproc", "4", timeout=600)
+    # the uninterrupted run trains here while the job below waits on its stop and requeue
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(
+            run_cli, "train", CONFIG, f"run.dir={straight}", *LONGER, "--nproc", "4", timeout=600
+        )
+        preempted_once(slurm_cluster, tmp_path)
+        result = reference.result()
     assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "preempted"
+    assert any((run_dir / "checkpoints").glob("step-*.dcp"))
+    got, expected = summary(run_dir), summary(straight)
+    assert got["steps"] == expected["steps"] == 120
+    assert got["weights_sha256"] == expected["weights_sha256"]
+
+
+def preempted_once(slurm_cluster, tmp_path) -> None:
+    """The job, stopped once by USR2 at step 30 or later, requeued and run to its end."""
     run_dir = tmp_path / "preempted"
     job_id = slurm_cluster.run(
         "sbatch", "--parsable", f"--output={tmp_path}/%x-%j.out", "--job-name=fsdp",
@@ -39,7 +56,3 @@ def test_fsdp_job_preempted_once_ends_as_an_uninterrupted_run(slurm_cluster, tmp
     finally:
         slurm_cluster.run("scancel", job_id, check=False)
     assert "requeued" in output
-    assert any((run_dir / "checkpoints").glob("step-*.dcp"))
-    got, expected = summary(run_dir), summary(straight)
-    assert got["steps"] == expected["steps"] == 120
-    assert got["weights_sha256"] == expected["weights_sha256"]

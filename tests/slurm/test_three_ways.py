@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import hpcddp
-from tests.fixtures.helpers import QUICK, REPO, summary
+from tests.fixtures.helpers import ENDED, QUICK, REPO, summary
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +29,8 @@ def cluster(slurm_cluster, monkeypatch, tmp_path):
 def test_sbatch_submit_and_salloc_srun_end_with_the_same_weights(cluster, tmp_path):
     # hpcddp.submit does not wait, so this job runs while the two below are started.
     job = hpcddp.submit(CONFIG, [f"run.dir={tmp_path}/submit", *SHARDED], nodes=2, tasks_per_node=2)
-    cluster.run(
+    batch = cluster.run(  # not waited for: it trains while salloc's job does
         "sbatch",
-        "--wait",
         "--parsable",
         *GEOMETRY,
         f"--output={tmp_path}/%x-%j.out",
@@ -54,6 +53,8 @@ def test_sbatch_submit_and_salloc_srun_end_with_the_same_weights(cluster, tmp_pa
         *SHARDED,
         timeout=300,
     )
+    ended = cluster.wait_for(batch.stdout.strip(), ENDED, timeout=300)
+    assert ended == "COMPLETED", cluster.output(tmp_path, batch.stdout.strip())[-4000:]
     job.result()
 
     runs = {way: summary(tmp_path / way) for way in ("sbatch", "submit", "salloc")}
