@@ -8,7 +8,9 @@ links run one after another, each resuming where the last one stopped, to the sa
 import datetime
 import itertools
 import json
+import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -32,6 +34,8 @@ WORK = [
 
 def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_cluster, tmp_path):
     straight, chained = tmp_path / "straight", tmp_path / "chained"
+    by_submit = tmp_path / "submitted"
+    through_submitit = _submit_chain(slurm_cluster, tmp_path, by_submit)  # the others meanwhile
     reference, _ = slurm_cluster.sbatch(
         tmp_path,
         "sbatch/train.sh",
@@ -60,10 +64,11 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
         },
     )
     links = submitted.stdout.split()
-    by_submit, submit_links = tmp_path / "submitted", []
+    printed, errors = through_submitit.communicate(timeout=120)
+    record = by_submit / "chain.json"  # written before its first link is submitted
+    submit_links = json.loads(record.read_text())["links"] if record.exists() else []
     try:
-        through_submitit = _submit_chain(slurm_cluster, tmp_path, by_submit)
-        submit_links = json.loads((by_submit / "chain.json").read_text())["links"]
+        assert through_submitit.returncode == 0, errors[-3000:]
         assert len(links) == 4 and all(link.isdigit() for link in links), submitted.stdout
         states = [slurm_cluster.wait_for(link, ENDED, timeout=300) for link in links]
         submit_states = [slurm_cluster.wait_for(link, ENDED, timeout=300) for link in submit_links]
@@ -105,7 +110,7 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
 
     # `hpcddp submit`: the first link's id printed, the links one after another (singleton),
     # each resuming where the last one stopped (a hand-on at its time limit), no requeue
-    assert through_submitit.stdout.split() == submit_links[:1], through_submitit.stdout
+    assert printed.split() == submit_links[:1], printed
     went = submit_states.index("CANCELLED") if "CANCELLED" in submit_states else 3
     assert went >= 2 and submit_states[:went] == ["COMPLETED"] * went, submit_states
     assert submit_states[went:] == ["CANCELLED"] * (3 - went), submit_states
@@ -128,23 +133,22 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
 
 
 def _submit_chain(slurm_cluster, tmp_path: pathlib.Path, run_dir: pathlib.Path):
-    """``hpcddp submit`` as a user types it for the same run as a chain of 3 links."""
-    done = run_cli(
-        "submit",
-        "examples/quickstart.yaml",
-        f"run.dir={run_dir}",
-        *WORK,
-        "slurm.time_min=1",
-        "slurm.chain=3",
+    """``hpcddp submit`` as a user types it for the same run as a chain of 3 links, started."""
+    command = ("submit", "examples/quickstart.yaml", f"run.dir={run_dir}", *WORK)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpcddp", *command, "slurm.time_min=1", "slurm.chain=3",
+         "train.checkpoint_every_steps=8"],  # older checkpoints too: a link takes the newest
+        cwd=REPO,
         env={
+            **os.environ,
             **slurm_cluster.cli_env,
             "HPCDDP_JOBS_DIR": str(tmp_path / "jobs"),
             "PYTHONPATH": str(REPO),  # the stand-in model and `examples` live there
         },
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
 
 
 def _job(slurm_cluster, job: str) -> dict[str, str]:
