@@ -111,6 +111,9 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
     # `hpcddp submit`: the first link's id printed, the links one after another (singleton),
     # each resuming where the last one stopped (a hand-on at its time limit), no requeue
     assert printed.split() == submit_links[:1], printed
+    name = json.loads(record.read_text())["name"]
+    assert f"chain {name}: jobs {','.join(submit_links)}" in errors, errors
+    assert f"scancel --name={name}" in errors, errors
     went = submit_states.index("CANCELLED") if "CANCELLED" in submit_states else 3
     assert went >= 2 and submit_states[:went] == ["COMPLETED"] * went, submit_states
     assert submit_states[went:] == ["CANCELLED"] * (3 - went), submit_states
