@@ -14,9 +14,10 @@ from hpcddp import exit_codes
 from hpcddp.cli import sweep
 from hpcddp.cli.args import add_cluster_option, add_slurm_options, split_config_and_overrides
 from hpcddp.errors import ConfigError
-from hpcddp.records import sweep_manifest
+from hpcddp.records import chain_record, sweep_manifest
 from hpcddp.records.runinfo import run_lines
 from hpcddp.run_files import metrics_path
+from hpcddp.slurm import index as job_index
 from hpcddp.slurm.chain_status import chain_lines
 from hpcddp.slurm.options import OPTIONS
 from hpcddp.slurm.status import job_status, log_paths
@@ -54,7 +55,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
         f"`hpcddp logs {job_name}`",
         file=sys.stderr,
     )
+    _announce_chain(job.job_id)
     return exit_codes.OK
+
+
+def _announce_chain(first: str) -> None:
+    """For a chain (its first link's id printed), the links and how to cancel them all, as
+    ``hpcddp sbatch`` says them."""
+    for found in job_index.find_records(first):
+        record = chain_record.load(found.run_dir)
+        if record is not None and record.links[:1] == (first,):
+            print(
+                f"hpcddp: job {first} is link 1 of chain {record.name}: jobs "
+                f"{','.join(record.links)}, one after another; follow it with `hpcddp status "
+                f"{found.run_dir}`, cancel it with `scancel --name={record.name}`",
+                file=sys.stderr,
+            )
 
 
 def _add_submit_options(parser: argparse.ArgumentParser) -> None:

@@ -104,7 +104,9 @@ class WandB(Backend):
 
 
 class MLflow(Backend):
-    """An MLflow run: on ``MLFLOW_TRACKING_URI`` if set, else a file store under the run dir."""
+    """An MLflow run: on ``MLFLOW_TRACKING_URI`` if set (a tracking server), else a file store
+    under the run dir. A server is remote: params and each step's values go in batches, never
+    one request per value."""
 
     name = "mlflow"
 
@@ -125,8 +127,11 @@ class MLflow(Backend):
             experiment.experiment_id if experiment else self.client.create_experiment(state.project)
         )
         self.run_id = self.client.create_run(experiment_id, run_name=state.run_id).info.run_id
-        for key, value in _flat(params).items():
-            self.client.log_param(self.run_id, key, str(value)[:500])
+        from mlflow.entities import Param
+
+        # in batches too (MLflow's client sends 100 a request), once, when the run is made
+        recorded = [Param(key, str(value)[:500]) for key, value in _flat(params).items()]
+        self.client.log_batch(self.run_id, params=recorded)
         state.mlflow_run_id = self.run_id
 
     def log(self, step: int, values: Mapping[str, float]) -> None:

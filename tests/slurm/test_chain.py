@@ -3,15 +3,22 @@ on across links with no user action, never requeues, ends with the weights of an
 run, and the links left over are cancelled before they run. Both runs are sharded
 (``dist.strategy=fsdp``): each link resumes from the shards the last one wrote at its stop.
 Its trackers (TensorBoard, W&B offline, MLflow's file store) hold one run across the links,
-each step once, finished."""
+each step once, finished. The same chain typed as ``hpcddp submit ... slurm.chain=3``
+(submitit) runs beside it: its links run one after another, each resuming where the last one
+stopped, to the same weights."""
 
+import datetime
 import itertools
 import json
+import os
+import pathlib
+import subprocess
 import sys
 
 import pytest
 
 from tests.fixtures.helpers import ENDED, QUICK, REPO, run_cli, summary
+from tests.fixtures.resume_proof import prove_resumed
 from tests.fixtures.tracker_reads import mlflow_holds, tensorboard_holds, wandb_holds
 
 pytestmark = pytest.mark.slow
@@ -31,6 +38,8 @@ WORK = [
 
 def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_cluster, tmp_path):
     straight, chained = tmp_path / "straight", tmp_path / "chained"
+    by_submit = tmp_path / "submitted"
+    through_submitit = _submit_chain(slurm_cluster, tmp_path, by_submit)  # the others meanwhile
     reference, _ = slurm_cluster.sbatch(
         tmp_path,
         "sbatch/train.sh",
@@ -59,12 +68,17 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
         },
     )
     links = submitted.stdout.split()
+    printed, errors = through_submitit.communicate(timeout=120)
+    record = by_submit / "chain.json"  # written before its first link is submitted
+    submit_links = json.loads(record.read_text())["links"] if record.exists() else []
     try:
+        assert through_submitit.returncode == 0, errors[-3000:]
         assert len(links) == 4 and all(link.isdigit() for link in links), submitted.stdout
         states = [slurm_cluster.wait_for(link, ENDED, timeout=300) for link in links]
+        submit_states = [slurm_cluster.wait_for(link, ENDED, timeout=300) for link in submit_links]
         assert slurm_cluster.wait_for(reference, ENDED, timeout=120) == "COMPLETED"
     finally:
-        slurm_cluster.run("scancel", reference, *links, check=False)
+        slurm_cluster.run("scancel", reference, *links, *submit_links, check=False)
     outputs = "\n".join(slurm_cluster.output(tmp_path, link) for link in links)
     ran = states.index("CANCELLED") if "CANCELLED" in states else len(links)
     assert ran >= 2 and states[:ran] == ["COMPLETED"] * ran, f"{states}\n{outputs[-4000:]}"
@@ -98,3 +112,54 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
     assert f"link 1:           job {links[0]}" in status and "handed on at its time" in status
     assert f"link {ran}:" in status and "completed the run" in status, status
     assert f"link {ran + 1}:" in status and "CANCELLED" in status, status
+
+    # `hpcddp submit`: the first link's id printed, the links one after another (singleton),
+    # each resuming where the last one stopped (a hand-on at its time limit), no requeue
+    assert printed.split() == submit_links[:1], printed
+    name = json.loads(record.read_text())["name"]
+    assert f"chain {name}: jobs {','.join(submit_links)}" in errors, errors
+    assert f"scancel --name={name}" in errors, errors
+    went = submit_states.index("CANCELLED") if "CANCELLED" in submit_states else 3
+    assert went >= 2 and submit_states[:went] == ["COMPLETED"] * went, submit_states
+    assert submit_states[went:] == ["CANCELLED"] * (3 - went), submit_states
+    shown = [_job(slurm_cluster, link) for link in submit_links[:went]]
+    assert [job["Restarts"] for job in shown] == ["0"] * went, shown
+    spans = [
+        [datetime.datetime.fromisoformat(j[k]) for k in ("StartTime", "EndTime")] for j in shown
+    ]
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
+    prove_resumed(by_submit, resumes=went - 1, log_every_steps=25)
+    records = [json.loads(line) for line in (by_submit / "attempts.jsonl").read_text().splitlines()]
+    assert [(r["job"], r["cause"]) for r in records] == [
+        *((link, "preempted") for link in submit_links[: went - 1]),
+        (submit_links[went - 1], "finished"),
+    ], records
+    assert summary(by_submit)["weights_sha256"] == summary(straight)["weights_sha256"]
+    status = run_cli("status", str(by_submit), env=slurm_cluster.cli_env).stdout
+    assert f"link 1:           job {submit_links[0]}" in status, status
+    assert "handed on at its time" in status and "completed the run" in status, status
+
+
+def _submit_chain(slurm_cluster, tmp_path: pathlib.Path, run_dir: pathlib.Path):
+    """``hpcddp submit`` as a user types it for the same run as a chain of 3 links, started."""
+    command = ("submit", "examples/quickstart.yaml", f"run.dir={run_dir}", *WORK)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpcddp", *command, "slurm.time_min=1", "slurm.chain=3",
+         "train.checkpoint_every_steps=8"],  # older checkpoints too: a link takes the newest
+        cwd=REPO,
+        env={
+            **os.environ,
+            **slurm_cluster.cli_env,
+            "HPCDDP_JOBS_DIR": str(tmp_path / "jobs"),
+            "PYTHONPATH": str(REPO),  # the stand-in model and `examples` live there
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def _job(slurm_cluster, job: str) -> dict[str, str]:
+    """What ``scontrol show job`` says of the job, field by field."""
+    shown = slurm_cluster.run("scontrol", "-o", "show", "job", job).stdout.split()
+    return dict(item.split("=", 1) for item in shown if "=" in item)

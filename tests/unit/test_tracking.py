@@ -171,6 +171,8 @@ def test_mlflow_sends_each_step_in_one_request_and_tells_how_each_attempt_ended(
         return client_class((tmp_path / "tracking" / "mlruns").as_uri()).get_run(run_id).info.status
 
     first = Tracker(["mlflow"], tmp_path, 0, PARAMS, project="p")
+    assert requests == ["log_batch"]  # the params, in one request
+    requests.clear()
     first.log(1, {"loss": 1.0, "lr": 0.1, "grad_norm": 2.0, "samples_per_s": 90.0})
     first.log(2, {"loss": 0.5, "lr": 0.1, "grad_norm": 1.0, "samples_per_s": 95.0})
     assert requests == ["log_batch", "log_batch"]
