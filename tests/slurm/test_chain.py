@@ -3,7 +3,7 @@ on across links with no user action, never requeues, ends with the weights of an
 run, and the links left over are cancelled before they run. Both runs are sharded
 (``dist.strategy=fsdp``): each link resumes from the shards the last one wrote at its stop.
 Its trackers (TensorBoard, W&B offline, MLflow's file store) hold one run across the links,
-each step once, finished. The same chain typed as ``hpcddp submit ... slurm.chain=3``
+each step once, finished. The same chain typed as ``hpcddp submit ... slurm.chain=5``
 (submitit) runs beside it: its links run one after another, each resuming where the last one
 stopped, to the same weights."""
 
@@ -34,6 +34,9 @@ WORK = [
     "dist.strategy=fsdp",
     "dist.fsdp_blocks=[Linear]",  # the quickstart MLP's layers: its blocks
 ]
+# Links enough that some are left to cancel even on a loaded machine (2 or 3 usually run; one
+# left pending costs nothing).
+LINKS, SUBMIT_LINKS = 6, 5
 
 
 def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_cluster, tmp_path):
@@ -58,7 +61,7 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
         f"run.dir={chained}",
         *WORK,
         "slurm.time_min=1",
-        "slurm.chain=4",
+        f"slurm.chain={LINKS}",
         "tracking.backends=[tensorboard,wandb,mlflow]",
         "tracking.project=chained",
         cwd=tmp_path,
@@ -73,7 +76,7 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
     submit_links = json.loads(record.read_text())["links"] if record.exists() else []
     try:
         assert through_submitit.returncode == 0, errors[-3000:]
-        assert len(links) == 4 and all(link.isdigit() for link in links), submitted.stdout
+        assert len(links) == LINKS and all(link.isdigit() for link in links), submitted.stdout
         states = [slurm_cluster.wait_for(link, ENDED, timeout=300) for link in links]
         submit_states = [slurm_cluster.wait_for(link, ENDED, timeout=300) for link in submit_links]
         assert slurm_cluster.wait_for(reference, ENDED, timeout=120) == "COMPLETED"
@@ -119,9 +122,9 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
     name = json.loads(record.read_text())["name"]
     assert f"chain {name}: jobs {','.join(submit_links)}" in errors, errors
     assert f"scancel --name={name}" in errors, errors
-    went = submit_states.index("CANCELLED") if "CANCELLED" in submit_states else 3
+    went = submit_states.index("CANCELLED") if "CANCELLED" in submit_states else SUBMIT_LINKS
     assert went >= 2 and submit_states[:went] == ["COMPLETED"] * went, submit_states
-    assert submit_states[went:] == ["CANCELLED"] * (3 - went), submit_states
+    assert submit_states[went:] == ["CANCELLED"] * (SUBMIT_LINKS - went), submit_states
     shown = [_job(slurm_cluster, link) for link in submit_links[:went]]
     assert [job["Restarts"] for job in shown] == ["0"] * went, shown
     spans = [
@@ -141,11 +144,12 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
 
 
 def _submit_chain(slurm_cluster, tmp_path: pathlib.Path, run_dir: pathlib.Path):
-    """``hpcddp submit`` as a user types it for the same run as a chain of 3 links, started."""
-    command = ("submit", "examples/quickstart.yaml", f"run.dir={run_dir}", *WORK)
+    """``hpcddp submit`` as a user types it for the same run as a chain, started."""
+    command = ["submit", "examples/quickstart.yaml", f"run.dir={run_dir}", *WORK]
+    command += ["slurm.time_min=1", f"slurm.chain={SUBMIT_LINKS}"]
+    command += ["train.checkpoint_every_steps=8"]  # older checkpoints too: a link takes the newest
     return subprocess.Popen(
-        [sys.executable, "-m", "hpcddp", *command, "slurm.time_min=1", "slurm.chain=3",
-         "train.checkpoint_every_steps=8"],  # older checkpoints too: a link takes the newest
+        [sys.executable, "-m", "hpcddp", *command],
         cwd=REPO,
         env={
             **os.environ,
@@ -156,7 +160,7 @@ def _submit_chain(slurm_cluster, tmp_path: pathlib.Path, run_dir: pathlib.Path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
 
 
 def _job(slurm_cluster, job: str) -> dict[str, str]:
