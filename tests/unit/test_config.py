@@ -72,6 +72,7 @@ def test_defaults_need_no_file():
         (["=3"], r"is not of the form section.key=value"),
         (["optim..lr=3"], r"is not of the form section.key=value"),
         (["data.num_workers=-2"], r"data.num_workers must be >= 0"),
+        (["optim.lr.x=1"], r"override 'optim.lr.x=1': lr is not a section"),  # a value, not a dict
         (["slurm.container={runtime: apptainer}"], r"runtime=apptainer needs an image"),
         (
             ['slurm.setup=["module load a\\nsource b"]'],
