@@ -198,3 +198,5 @@ def test_overrides_on_a_config_equal_overrides_on_its_yaml_and_leave_it_alone():
         with_overrides(base, ["optim.lrr=1"])
     with pytest.raises(ConfigError, match="slurm.nodes must be > 0"):
         with_overrides(base, ["slurm.nodes=0"])
+    with pytest.raises(ConfigError, match="optim.lr is not a section"):
+        with_overrides(base, ["optim.lr.x=1"])
