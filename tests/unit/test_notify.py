@@ -251,3 +251,16 @@ def test_leaving_waits_at_most_one_second_in_all_for_posts_that_cannot_leave(cap
     assert len(told.sinks) == 2
     assert 0.5 < left < 1.0 + 0.3  # the grace was used, once, and no more
     assert any("given up" in r.getMessage() for r in caplog.records)
+
+
+def test_a_post_waits_at_most_half_a_second_for_the_answer_to_the_one_before():
+    """docs/notifications.md: each post leaves after the one before it was answered or 0.5 s
+    passed, so a receiver that never answers delays the next post by 0.5 s, not its timeout."""
+    with Receiver(answer=False) as receiver:
+        told = notifier(receiver.url, "notify.timeout_s=10")
+        told.tell(Event.STARTED, 0)
+        told.tell(Event.COMPLETED, 64)
+        receiver.wait_for(2)
+        told.close()
+        gap = receiver.arrived[1] - receiver.arrived[0]
+    assert 0.5 - 0.1 < gap < 0.5 + 0.5  # waited for the answer, but 0.5 s at most
