@@ -321,3 +321,20 @@ def test_a_model_too_big_even_sharded_asks_for_more_ranks():
 def test_a_model_not_measured_says_why_in_the_table():
     text = table.as_text(report(model=None, model_unknown="no model.factory configured"), [])
     assert "model state per rank: not estimated (no model.factory configured)" in text
+
+
+def test_a_node_is_named_from_four_times_slower_transfers_and_three_times_slower_compute():
+    """docs/preflight.md's thresholds, at their edges: a direction four times slower than the
+    fastest pair names its node, 3.8x does not; compute three times slower does, 2.8x not."""
+
+    def pairs(slow_gbps):
+        return [
+            {"src": "n1", "dst": "n2", "gbps": 10.0},
+            {"src": "n2", "dst": "n1", "gbps": slow_gbps},
+        ]
+
+    assert [p.text[:13] for p in checkup.pair_problems(pairs(2.4))] == ["slow node n2:"]
+    assert checkup.pair_problems(pairs(2.6)) == []
+    (found,) = checkup.compute_problems(with_ranks(n2={"compute_ms": 32.0}))
+    assert found.text.startswith("slow node n2: the same computation takes 32 ms there")
+    assert checkup.compute_problems(with_ranks(n2={"compute_ms": 28.0})) == []

@@ -72,6 +72,12 @@ def test_defaults_need_no_file():
         (["=3"], r"is not of the form section.key=value"),
         (["optim..lr=3"], r"is not of the form section.key=value"),
         (["data.num_workers=-2"], r"data.num_workers must be >= 0"),
+        (["optim.lr.x=1"], r"override 'optim.lr.x=1': lr is not a section"),  # a value, not a dict
+        (["slurm.container={runtime: apptainer}"], r"runtime=apptainer needs an image"),
+        (
+            ['slurm.setup=["module load a\\nsource b"]'],
+            r"slurm.setup lines may not contain newlines",
+        ),
     ],
 )
 def test_bad_values_are_one_line_errors_with_a_hint(overrides, message):
@@ -192,3 +198,5 @@ def test_overrides_on_a_config_equal_overrides_on_its_yaml_and_leave_it_alone():
         with_overrides(base, ["optim.lrr=1"])
     with pytest.raises(ConfigError, match="slurm.nodes must be > 0"):
         with_overrides(base, ["slurm.nodes=0"])
+    with pytest.raises(ConfigError, match="optim.lr is not a section"):
+        with_overrides(base, ["optim.lr.x=1"])

@@ -113,14 +113,23 @@ def test_sacct_that_refuses_or_hangs_is_one_line(tmp_path):
     def disabled(command, **kwargs):
         return subprocess.CompletedProcess(command, 1, "", "Slurm accounting storage is disabled\n")
 
+    waited = []
+
     def hangs(command, **kwargs):
+        waited.append(kwargs["timeout"])
         raise subprocess.TimeoutExpired(command, kwargs["timeout"])
+
+    def missing(command, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "sacct")
 
     assert accounting.job_runs(["41"], disabled) == (
         [], "sacct: Slurm accounting storage is disabled"
     )  # fmt: skip
     runs, why = accounting.job_runs(["41"], hangs)
     assert runs == [] and why.startswith("sacct did not answer")
+    assert 0 < waited[0] <= 10  # the docs: a hanging sacct costs the report 10 s at most
+    runs, why = accounting.job_runs(["41"], missing)
+    assert runs == [] and why.startswith("sacct did not answer") and "\n" not in why
     assert accounting.job_runs(["", "local"]) == ([], "no Slurm job (a local run)")
 
 

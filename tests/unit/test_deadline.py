@@ -54,6 +54,9 @@ def test_no_limit_means_no_deadline(tmp_path, text):
 def test_squeue_about_this_job_wins_over_a_leaked_end_time(squeue):
     stale = {**squeue, "SLURM_JOB_END_TIME": str(int(time.time()) - 3600)}
     assert deadline.job_end_time(stale) == END.timestamp()
+    # and over the job script's, read when the job began: squeue knows a limit changed since
+    exported = {**squeue, "HPCDDP_JOB_END_TIME": "12@1900000000"}
+    assert deadline.job_end_time(exported) == END.timestamp()
 
 
 def test_a_stale_end_time_is_never_a_deadline(tmp_path):

@@ -225,3 +225,30 @@ def test_a_collapsing_scale_after_many_overflows_stops_the_run():
     assert g.collapsed_scale == scale and g.stopped is not None and g.stopped.step == step
     text = guard.message(step, [], progress.skipped_steps, None, "stop", g.collapsed_scale)
     assert "fp16 loss scale fell to" in text and f"at step {step}" in text
+
+
+def test_skip_stops_once_more_than_max_skips_were_skipped():
+    """docs/models.md: `skip` stops once more than train.nonfinite_max_skips were skipped."""
+    g, progress = scaled_guard(nonfinite="skip", nonfinite_max_skips=2), Progress()
+    bad = [guard.Seen(step, nonfinite=True, own_loss=True) for step in (3, 5, 8)]
+    assert [g.judge(seen, progress) for seen in bad] == [False, False, True]
+    assert progress.skipped_steps == 3 and g.stopped == bad[2]
+
+
+def test_a_scale_below_the_floor_stops_at_the_25th_overflow_in_a_row_only():
+    """docs/models.md: a scale that falls below 2^-8 after 25 overflows in a row is a NaN stop;
+    a clean step in between starts the count again, and a scale at 2^-8 is not below it."""
+    below, at = lambda: 2.0**-9, lambda: 2.0**-8
+
+    def overflows(g, progress, count, scale):
+        seen = [guard.Seen(s, nonfinite=False, own_loss=False, overflow=True) for s in range(count)]
+        return [g.judge(one, progress, scale) for one in seen]
+
+    g, progress = scaled_guard(nonfinite="stop"), Progress()
+    assert overflows(g, progress, 25, below) == [False] * 24 + [True]
+    g, progress = scaled_guard(nonfinite="stop"), Progress()
+    assert overflows(g, progress, 24, below) == [False] * 24
+    assert not g.judge(guard.Seen(24, nonfinite=False, own_loss=False), progress)  # a clean step
+    assert overflows(g, progress, 24, below) == [False] * 24
+    g, progress = scaled_guard(nonfinite="stop"), Progress()
+    assert overflows(g, progress, 40, at) == [False] * 40

@@ -61,6 +61,9 @@ def test_the_first_step_and_slow_phases_get_the_long_budget():
     assert timer.stalled_s(3, "checkpoint", now=150.0) is None
     assert timer.stalled_s(3, hang.STEPS, now=160.0) is None  # the save ended: progress
     assert timer.stalled_s(3, hang.STEPS, now=181.0) is not None
+    assert timer.stalled_s(3, "evaluation", now=182.0) is None  # an evaluation begun: progress
+    assert timer.stalled_s(3, "evaluation", now=350.0) is None  # an evaluation is slow too
+    assert timer.stalled_s(3, "evaluation", now=383.0) is not None
 
 
 def test_the_slow_budget_defaults_to_ten_steady_ones():

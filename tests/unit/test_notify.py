@@ -231,3 +231,36 @@ def test_a_hang_is_told_before_what_follows_it(tmp_path):
     assert (hang["event"], restarted["event"]) == ("hang", "restarted")
     assert hang["text"].endswith("at step 30: rank 3 on n2: hung")
     assert "restarting in job 12 on n1,n3 without n2" in restarted["text"]
+
+
+def test_leaving_waits_at_most_one_second_in_all_for_posts_that_cannot_leave(caplog):
+    """The docs' bound: leaving waits at most 1 s for posts not yet sent, however many
+    receivers there are (one grace in all, not one per sink). Both sinks post to a listener
+    whose accept queue is full, so their connections hang until `notify.timeout_s` (10 s)."""
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        url = f"http://127.0.0.1:{full.getsockname()[1]}/hook"
+        with socket.create_connection(full.getsockname()):  # fills the queue of one
+            told = notifier(url, f"notify.slack_url={url}", "notify.timeout_s=10")
+            told.tell(Event.COMPLETED, 64)
+            began = time.monotonic()
+            with caplog.at_level(logging.WARNING, logger="hpcddp.notify"):
+                told.close()
+            left = time.monotonic() - began
+    assert len(told.sinks) == 2
+    assert 0.5 < left < 1.0 + 0.3  # the grace was used, once, and no more
+    assert any("given up" in r.getMessage() for r in caplog.records)
+
+
+def test_a_post_waits_at_most_half_a_second_for_the_answer_to_the_one_before():
+    """docs/notifications.md: each post leaves after the one before it was answered or 0.5 s
+    passed, so a receiver that never answers delays the next post by 0.5 s, not its timeout."""
+    with Receiver(answer=False) as receiver:
+        told = notifier(receiver.url, "notify.timeout_s=10")
+        told.tell(Event.STARTED, 0)
+        told.tell(Event.COMPLETED, 64)
+        receiver.wait_for(2)
+        told.close()
+        gap = receiver.arrived[1] - receiver.arrived[0]
+    assert 0.5 - 0.1 < gap < 0.5 + 0.5  # waited for the answer, but 0.5 s at most

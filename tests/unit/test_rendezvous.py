@@ -42,6 +42,24 @@ def test_the_master_is_what_the_other_nodes_reach_not_its_own_127_0_1_1():
     assert rendezvous.master_ip(DEBIAN) == "10.0.0.11"
 
 
+def test_the_master_is_the_other_nodes_most_common_answer_never_its_own_nor_loopback():
+    """docs/launch.md: the master's address is what the *other* nodes resolved its name to."""
+
+    def world(*answers):  # (host, what MASTER_ADDR resolves to there), rank by rank
+        return {r: hello(r, host, [ip], N1) for r, (host, ip) in enumerate(answers)}
+
+    own_decoy = world(("n1", "172.31.0.11"), ("n1", "172.31.0.11"), ("n2", "10.0.0.11"))
+    assert rendezvous.master_ip(own_decoy) == "10.0.0.11"  # the master's node is not asked
+    one_odd = world(
+        ("n1", "127.0.1.1"), ("n2", "10.0.0.99"), ("n3", "10.0.0.11"), ("n4", "10.0.0.11")
+    )
+    assert rendezvous.master_ip(one_odd) == "10.0.0.11"  # the most common, not the first
+    loops = world(
+        ("n1", "10.0.0.11"), ("n2", "127.0.1.1"), ("n2", "127.0.1.1"), ("n3", "10.0.0.11")
+    )
+    assert rendezvous.master_ip(loops) == "10.0.0.11"  # a node's loopback answer is no answer
+
+
 def test_each_node_gets_the_interface_to_the_master_never_lo_nor_the_decoy():
     networks, refusal = rendezvous.plan_networks(DEBIAN)
     assert refusal is None

@@ -33,6 +33,35 @@ def stopped(**changes) -> Stopped:
     return Stopped(**fields)
 
 
+# -- after a step ended, before any failure rule ---------------------------------------------
+
+NOW = rules.Situation("12", 2, [], 40, (), None, ("n1", "n2"), 0)
+
+# (id, exit status, terminated, training, action, the job's status): a step that stopped to be
+# requeued but had no scontrol (exit 75, a container) is requeued by the shell, as no failure;
+# scancel's
+# SIGTERM or a step that was not training ends the job whatever the status
+AFTER_STEP = [
+    ("finished", exit_codes.OK, False, True, Action.STOP, 0),
+    ("no-scontrol-requeues", exit_codes.STOPPED_NOT_REQUEUED, False, True, Action.REQUEUE, 75),
+    ("scancel-ends-it", exit_codes.STOPPED_NOT_REQUEUED, True, True, Action.STOP, 75),
+    ("killed-but-cancelled", 137, True, True, Action.STOP, 137),
+    ("not-training", 137, False, False, Action.STOP, 137),
+]
+
+
+@pytest.mark.parametrize(
+    "status, terminated, training, action, job_status",
+    [r[1:] for r in AFTER_STEP],
+    ids=[r[0] for r in AFTER_STEP],
+)
+def test_after_a_step(status, terminated, training, action, job_status):
+    failure = rules.Failure(status, "n2", "task 1 on n2: Exited")
+    decision = rules.after_step(failure, NOW, terminated=terminated, training=training)
+    # none of them is a node's failure: no node is left out
+    assert (decision.action, decision.status, decision.exclude) == (action, job_status, ())
+
+
 # -- after a stop -------------------------------------------------------------------------------
 
 # (id, the stop, the chain place, the action, words of its message)

@@ -38,3 +38,13 @@ def test_object_collectives_and_agreements_use_the_gloo_side_group(two_ranks_see
     assert side is not None and side is not dist.group.WORLD
     assert two_ranks_seen == [side] * 5
     assert dist.get_backend(side) == "gloo"
+
+
+def test_work_given_to_rank_zero_runs_there_only():
+    """Rank 0 alone writes (checkpoints, records): another rank never runs the work itself."""
+    ran = []
+    assert (
+        collectives.on_rank_zero(lambda: ran.append(0) or "saved", rank=0, what="save") == "saved"
+    )
+    collectives.on_rank_zero(lambda: ran.append(1), rank=1, what="save")
+    assert ran == [0]

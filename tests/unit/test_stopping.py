@@ -13,16 +13,18 @@ from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.outcome import StopReason
+from hpcddp.records import attempts
 from hpcddp.records.rundir import Attempt
 from hpcddp.resilience.deadline import JOB_END_VAR
 from hpcddp.train import preemption
 from hpcddp.train.stopping import Stopping
 
 
-def stopping(tmp_path, end: float, seen: set[int], grace_s: float = 0.2) -> Stopping:
-    """Rank 0 of one, in Slurm job 42 whose end (as its job script exports it) is ``end``."""
+def stopping(tmp_path, end: float, seen: set[int], grace_s: float = 0.2, rank: int = 0) -> Stopping:
+    """Rank 0 of one (or ``rank`` of two), in Slurm job 42 whose end (as its job script exports
+    it) is ``end``."""
     environ = {"SLURM_JOB_ID": "42", JOB_END_VAR: f"42@{end:.0f}", "PATH": str(tmp_path)}
-    env = DistEnv(0, 0, 1, 1, 0, 1, "n1", 29500, "slurm", "42", environ=environ)
+    env = DistEnv(rank, rank, rank + 1, rank + 1, 0, 1, "n1", 29500, "slurm", "42", environ=environ)
     flag = preemption.StopFlag()
     flag.seen = set(seen)
     vote = preemption.StopVote("gloo", distributed=False)
@@ -95,3 +97,13 @@ def test_a_stop_every_rank_voted_for_is_marked_agreed_on_the_flag(tmp_path):
     assert carrying_on.reason(1, last=False) is None
     assert carrying_on.reason(2, last=False) is None
     assert not carrying_on.stop_flag.agreed
+
+
+def test_only_rank_zero_records_the_stopped_attempt(tmp_path):
+    """docs/run-directory.md: only rank 0 writes files (besides each rank's own log)."""
+    for rank in (1, 0):
+        (tmp_path / f"rank{rank}").mkdir()
+        made = stopping(tmp_path / f"rank{rank}", end=time.time() + 3600, seen=set(), rank=rank)
+        made.conclude(StopReason.REQUESTED, step=3)
+    assert [p.name for p in (tmp_path / "rank1").iterdir()] == []
+    assert [r["cause"] for r in attempts.records(tmp_path / "rank0")] == ["requested"]

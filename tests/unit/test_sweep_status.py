@@ -94,6 +94,17 @@ def test_each_point_shows_its_latest_jobs_state_reason_figures_and_attempts(swee
     assert [r.retryable for r in rows] == [False, False, True, True]
 
 
+def test_a_point_slurm_requeues_or_still_runs_is_left_to_slurm_not_retried(sweep_dir):
+    """docs/ways-in.md: --retry-failed leaves points pending, running or requeued by Slurm."""
+    queue = ["7_0|PENDING|c2n1|None", "9_0|RUNNING|c2n2|None", "7_3|REQUEUED|c2n2|None"]
+    rows = sweep_status.sweep_rows(sweep_dir, squeue(queue))
+    assert [(r.state, r.retryable) for r in rows if r.index != 2] == [
+        ("pending", False),
+        ("running", False),
+        ("preempted", False),
+    ]
+
+
 def test_the_table_and_json_say_the_same(sweep_dir):
     rows = sweep_status.sweep_rows(sweep_dir, squeue(QUEUE))
     assert sweep_status.as_table(rows, sweep_dir).splitlines() == [
