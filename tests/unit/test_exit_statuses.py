@@ -54,11 +54,11 @@ def test_each_ending_has_its_documented_status(outcome, status, capsys):
         (CheckpointError("x"), 1),
         (NonFiniteError("x"), 1),
         (DistributedError("x"), 1),
-        (PeerLostError("x"), 1),
+        (PeerLostError("x"), 76),  # never the cause: the rank that died is
     ],
     ids=lambda x: type(x).__name__ if isinstance(x, Exception) else str(x),
 )
-def test_bad_input_is_2_and_other_explained_errors_are_1(error, status):
+def test_bad_input_is_2_a_lost_peer_76_and_other_explained_errors_1(error, status):
     assert exit_status(error) == status
 
 

@@ -48,14 +48,6 @@ def test_a_survivor_that_only_lost_its_peer_is_passed_over_whenever_srun_heard_o
     assert Failure.from_srun(1, error_first).what == "task 0 on n1: Exited with exit code 1"
 
 
-def test_a_rank_that_lost_a_peer_exits_with_its_own_status():
-    from hpcddp.cli.main import exit_status
-    from hpcddp.errors import DistributedError, PeerLostError
-
-    assert exit_status(PeerLostError("rank 1 died")) == exit_codes.PEER_LOST
-    assert exit_status(DistributedError("the group could not form")) == exit_codes.FAILED
-
-
 def situation(**changes):
     base = {"job": "12", "max_failures": 2, "earlier": [], "gained": 40, "excluded": ()}
     base.update({"usable": None, "allocation": ("n1", "n2"), "spare_nodes": 0}, **changes)
