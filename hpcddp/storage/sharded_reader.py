@@ -1,0 +1,126 @@
+"""DCP's file reader, reading each shard file once, front to back, and checking its digest on
+the way.
+
+torch's ``FileSystemReader`` seeks to each item it needs and reads it through a buffered file
+view; verifying the files' digests besides would read every file a second time. This reader
+takes the items a rank needs from a file in file order, in one sequential read that feeds
+XXH3 (`hpcddp.storage.digest`) with every byte, those between the items included, and checks
+the file's digest against the marker's (`hpcddp.storage.sharded`) at its end: a file a rank
+reads any part of is verified whole by that rank. A mismatch raises `CheckpointError` naming
+the file (DCP then fails the load on every rank, and resume falls back to an older checkpoint;
+what was already copied into the model is overwritten by that one). Each item is deserialised
+from its bytes in memory (DCP writes each tensor as a small ``torch.save`` archive).
+"""
+
+import io
+import os
+import pathlib
+from typing import Any
+
+import torch
+import xxhash
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.futures import Future
+
+from hpcddp.errors import CheckpointError
+from hpcddp.storage import digest
+from hpcddp.storage.sharded import mismatch
+
+_SKIP_BYTES = 8 << 20  # one scratch buffer for the bytes between a rank's items
+
+
+class VerifyingReader(FileSystemReader):
+    """A ``FileSystemReader`` that reads each file once, sequentially, checking ``digests``
+    (``{file name: xxh3-128 token}``, the marker's); None reads without checking."""
+
+    def __init__(self, path: str | os.PathLike[str], digests: dict[str, str] | None) -> None:
+        super().__init__(path)
+        self.digests = digests
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[Any]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(
+                item
+            )
+        for name, items in per_file.items():
+            self._read_file(pathlib.Path(self.path) / name, items, planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _read_file(self, path: pathlib.Path, items: list[Any], planner: LoadPlanner) -> None:
+        """Every item of ``items`` from ``path``, in file order, in one pass that hashes it."""
+        expected = (self.digests or {}).get(path.name)
+        if self.digests is not None and expected is None:
+            raise CheckpointError(f"sharded checkpoint {path.parent}: no digest for {path.name}")
+        hasher = xxhash.xxh3_128() if expected is not None else None
+        items = sorted(items, key=lambda i: self.storage_data[i.storage_index].offset)
+        scratch = memoryview(bytearray(_SKIP_BYTES))
+        position, last = 0, (-1, b"")
+        with open(path, "rb") as handle:  # buffered: read(n) returns n bytes
+            for item in items:
+                info = self.storage_data[item.storage_index]
+                if getattr(info, "transform_descriptors", None):
+                    raise CheckpointError(f"{path}: compressed or transformed items unsupported")
+                if info.offset != last[0]:  # two items may read one stored chunk
+                    position += _skip(handle, hasher, scratch, info.offset - position)
+                    last = (info.offset, _read(handle, hasher, info.length, path))
+                    position += info.length
+                _deliver(item, last[1], planner)
+            if hasher is not None:
+                _skip(handle, hasher, scratch, None)
+        if hasher is not None and f"{digest.XXH3}:{hasher.hexdigest()}" != expected:
+            assert expected is not None
+            raise CheckpointError(mismatch(path, expected, f"{digest.XXH3}:{hasher.hexdigest()}"))
+
+
+def _skip(handle: Any, hasher: Any, scratch: memoryview, count: int | None) -> int:
+    """Read past ``count`` bytes (None: to the end), hashing them when verifying."""
+    if count is not None and count < 0:
+        raise CheckpointError("overlapping items in a shard file: not written by DCP")
+    if hasher is None and count is not None:
+        handle.seek(count, io.SEEK_CUR)
+        return count
+    total = 0
+    while count is None or total < count:
+        want = len(scratch) if count is None else min(len(scratch), count - total)
+        n = handle.readinto(scratch[:want])
+        if not n:
+            break
+        hasher.update(scratch[:n])
+        total += n
+    return total
+
+
+def _read(handle: Any, hasher: Any, length: int, path: pathlib.Path) -> bytes:
+    """Exactly ``length`` bytes (a short file is a truncated one), hashed when verifying: one
+    copy from the kernel, shared (not copied) by the ``BytesIO`` that deserialises it."""
+    data = handle.read(length)
+    if len(data) < length:
+        raise CheckpointError(f"sharded checkpoint {path.parent}: {path.name} is truncated")
+    if hasher is not None:
+        hasher.update(data)
+    return data
+
+
+def _deliver(item: Any, data: bytes, planner: LoadPlanner) -> None:
+    """One read item, from its stored bytes, into the state dict DCP is loading."""
+    if item.type == LoadItemType.BYTE_IO:
+        planner.load_bytes(item, io.BytesIO(data))
+        return
+    stored = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+        stored = stored.narrow(dim, offset, length)
+    target = planner.resolve_tensor(item).detach()
+    if target.size() != stored.size():
+        raise CheckpointError(
+            f"stored {item.storage_index.fqn} is {tuple(stored.size())}, the model's "
+            f"{tuple(target.size())}: a checkpoint of another model"
+        )
+    target.copy_(stored)
+    planner.commit_tensor(item, target)
+
+
+__all__ = ["VerifyingReader"]
