@@ -17,6 +17,7 @@ import dataclasses
 import io
 import os
 import pathlib
+import pickle
 import struct
 import warnings
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 import xxhash
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
@@ -42,6 +44,24 @@ class VerifyingReader(FileSystemReader):
         super().__init__(path)
         self.digests = digests
         self.layouts: dict[bytes, Layout] = {}  # of this load's items (`stored_tensor`)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The ``.metadata`` in one read, checked, then unpickled (torch's reader unpickles
+        from the file in 8 KB reads: after eviction 0.27-0.43 s of a 0.2 GB load here)."""
+        if kwargs.get("rank") is not None:  # per-rank metadata: not what hpcddp writes
+            return super().read_metadata(*args, **kwargs)
+        path = pathlib.Path(self.path) / ".metadata"
+        data = path.read_bytes()
+        expected = (self.digests or {}).get(path.name)
+        if self.digests is not None:
+            actual = f"{digest.XXH3}:{xxhash.xxh3_128_hexdigest(data)}"
+            if actual != expected:
+                raise CheckpointError(mismatch(path, expected or "(none)", actual))
+        metadata = pickle.loads(data)  # as torch's reader does: DCP's own format
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         per_file: dict[str, list[Any]] = {}

@@ -212,8 +212,8 @@ def try_sharded(
     try:
         record = ShardedStore(path.parent.parent).check(path)
         digests = record.get("digests")  # none: written before digests, sizes checked alone
-        for small in (".metadata", EXTRAS):  # read whole by every rank: checked by each
-            sharded.verify_file(path / small, record)
+        for small in (".metadata", EXTRAS):  # each rank reads both whole: checked first, for
+            sharded.verify_file(path / small, record)  # a clear message (0.2 MB, cached)
         extras = torch.load(path / EXTRAS, map_location="cpu", weights_only=True)
     except Exception as err:  # unreadable in any way: fall back to an older one
         problem = f"{type(err).__name__}: {err}"

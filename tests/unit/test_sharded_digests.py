@@ -60,15 +60,15 @@ def test_every_file_of_a_sharded_checkpoint_has_a_digest_in_its_marker(tmp_path)
     assert all(token.startswith("xxh3-128:") for token in record["digests"].values())
 
 
-def test_a_flipped_byte_in_a_shard_resumes_from_the_previous_checkpoint(tmp_path, caplog):
+@pytest.mark.parametrize("corrupt", ["__0_0.distcp", ".metadata", "extras.pt"])
+def test_a_flipped_byte_resumes_from_the_previous_checkpoint(tmp_path, caplog, corrupt):
     _saved_twice(tmp_path)
-    shard = ShardedStore(tmp_path).path_for(4) / "__0_0.distcp"
-    _flip_a_byte(shard)  # same size: only the digest can tell
+    _flip_a_byte(ShardedStore(tmp_path).path_for(4) / corrupt)  # same size: the digest tells
     fresh = _trained(1)
     with caplog.at_level(logging.WARNING):
         progress = ShardedCheckpointer(tmp_path, Config(), ENV, fresh).resume()
     assert progress is not None and progress.step == 2
-    assert "__0_0.distcp does not match its digest" in caplog.text
+    assert f"{corrupt} does not match its digest" in caplog.text
 
 
 def test_resume_loads_step_two_weights_after_the_corrupt_step_four(tmp_path):
@@ -95,7 +95,8 @@ def test_a_marker_whose_digests_do_not_cover_every_file_is_refused_while_loading
 
     _saved_twice(tmp_path)
     path = ShardedStore(tmp_path).path_for(4)
-    reader = VerifyingReader(path, {".metadata": "xxh3-128:" + "0" * 32})
+    marker = json.loads((path / "COMPLETE").read_text())
+    reader = VerifyingReader(path, {".metadata": marker["digests"][".metadata"]})
     state = {"model": _trained(1).model.state_dict()}
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
