@@ -139,15 +139,22 @@ class ShardedCheckpointer:
         path = self.store.path_for(step)
         started = time.perf_counter()
         dcp.save(staged, checkpoint_id=path, process_group=self.group)
-        mine = sharded.digests_of(path, _own_shards(path, self.group))
-        everyone = _gather_to_zero(mine, self.group)
+        mine, problem = {}, None
+        try:
+            mine = sharded.digests_of(path, _own_shards(path, self.group))
+        except OSError as err:  # told to rank 0 too, which must not wait for it
+            problem = f"rank {self.env.rank} could not hash its shards: {err}"
+        everyone = _gather_to_zero((mine, problem), self.group)
+        problems = [p for _, p in everyone if p] or ([problem] if problem else [])
+        if problems:
+            raise CheckpointError(f"{problems[0]}; this checkpoint is not marked complete")
         if extras is None:
             return
         buffer = io.BytesIO()
         torch.save(extras, buffer)
         atomic.atomic_write_bytes(path / EXTRAS, buffer.getvalue())
         meta = {"world_size": self.env.world_size, "strategy": "fsdp", **self.shape}
-        self.store.complete(step, meta, {k: v for d in everyone for k, v in d.items()})
+        self.store.complete(step, meta, {k: v for d, _ in everyone for k, v in d.items()})
         log.info("saved sharded checkpoint %s in %.2f s", path, time.perf_counter() - started)
 
     def _extras(
