@@ -106,7 +106,8 @@ def _skip(handle: Any, hasher: Any, scratch: memoryview, count: int | None) -> i
     if count is not None and count < 0:
         raise CheckpointError("overlapping items in a shard file: not written by DCP")
     if hasher is None and count is not None:
-        handle.seek(count, io.SEEK_CUR)
+        if count:  # a seek drops the read buffer: only past a gap
+            handle.seek(count, io.SEEK_CUR)
         return count
     total = 0
     while count is None or total < count:
