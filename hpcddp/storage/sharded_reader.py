@@ -3,12 +3,14 @@ the way.
 
 torch's ``FileSystemReader`` seeks to each item it needs and reads it through a buffered file
 view; verifying the files' digests besides would read every file a second time. This reader
-takes the items a rank needs from a file in file order, in one sequential read that feeds
-XXH3 (`hpcddp.storage.digest`) with every byte, those between the items included, and checks
-the file's digest against the marker's (`hpcddp.storage.sharded`) at its end: a file a rank
-reads any part of is verified whole by that rank. A mismatch raises `CheckpointError` naming
-the file (DCP then fails the load on every rank, and resume falls back to an older checkpoint;
-what was already copied into the model is overwritten by that one). Each item is deserialised
+takes the items a rank needs from a file in file order, in one sequential read. Each file any
+rank reads from is checked by one rank, the one that reads most of it (chosen on the
+coordinator from every rank's plan): that rank feeds XXH3 (`hpcddp.storage.digest`) with
+every byte of it, those between its items included, and checks the file's digest against the
+marker's (`hpcddp.storage.sharded`) at its end; the others seek to their items. A mismatch
+raises `CheckpointError` naming the file (DCP then fails the load on every rank, and resume
+falls back to an older checkpoint; what was already copied into the model is overwritten by
+that one). Each item is deserialised
 from its bytes in memory (DCP writes each tensor as a small ``torch.save`` archive), its
 layout unpickled once for all the items that share it (`stored_tensor`).
 """
@@ -63,24 +65,42 @@ class VerifyingReader(FileSystemReader):
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """On the coordinator, with every rank's plan: each file touched is checked by one rank,
+        the one that reads most of it (a rank that needs a few small items of another's file
+        seeks to them instead of reading the whole file)."""
+        read: dict[str, list[int]] = {}  # file: bytes each rank reads of it
+        for rank, plan in enumerate(plans):
+            for item in plan.items:
+                info = self.storage_data[item.storage_index]
+                read.setdefault(info.relative_path, [0] * len(plans))[rank] += info.length
+        checks: list[set[str]] = [set() for _ in plans]
+        for name, by_rank in read.items():
+            checks[by_rank.index(max(by_rank))].add(name)
+        return [dataclasses.replace(p, storage_data=c) for p, c in zip(plans, checks, strict=True)]
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         per_file: dict[str, list[Any]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(
                 item
             )
+        checks = plan.storage_data if isinstance(plan.storage_data, set) else set(per_file)
         for name, items in per_file.items():
-            self._read_file(pathlib.Path(self.path) / name, items, planner)
+            self._read_file(pathlib.Path(self.path) / name, items, planner, name in checks)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _read_file(self, path: pathlib.Path, items: list[Any], planner: LoadPlanner) -> None:
-        """Every item of ``items`` from ``path``, in file order, in one pass that hashes it."""
+    def _read_file(
+        self, path: pathlib.Path, items: list[Any], planner: LoadPlanner, check: bool
+    ) -> None:
+        """Every item of ``items`` from ``path``, in file order, in one pass that hashes it when
+        this rank ``check``s the file."""
         expected = (self.digests or {}).get(path.name)
         if self.digests is not None and expected is None:
             raise CheckpointError(f"sharded checkpoint {path.parent}: no digest for {path.name}")
-        hasher = xxhash.xxh3_128() if expected is not None else None
+        hasher = xxhash.xxh3_128() if expected is not None and check else None
         items = sorted(items, key=lambda i: self.storage_data[i.storage_index].offset)
         scratch = memoryview(bytearray(_SKIP_BYTES))
         position, last = 0, (-1, b"")
