@@ -42,7 +42,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[Any]") -> None:
     )
     inspect.add_argument("run_dir", metavar="RUN_DIR")
     inspect.add_argument(
-        "--verify", action="store_true", help="read whole checkpoints against their digests"
+        "--verify", action="store_true", help="read every checkpoint's files against their digests"
     )
     inspect.set_defaults(func=cmd_inspect)
     export = verbs.add_parser(

@@ -45,7 +45,7 @@ import torch
 
 from hpcddp.errors import CheckpointError
 from hpcddp.run_files import CHECKPOINTS
-from hpcddp.storage import atomic, digest, mapped
+from hpcddp.storage import atomic, digest, mapped, pruning
 from hpcddp.storage.checkpoint_names import (
     CHECKPOINT_NAME,
     OLDER_SIDECAR_SUFFIXES,
@@ -152,17 +152,9 @@ class CheckpointStore:
             ) from exc
 
     def _prune(self, keep_step: int) -> None:
-        """Delete checkpoints beyond the newest ``keep_last``, never the one just written."""
-        complete = self.list_complete()
-        keep = {s for s, _ in complete[-self.keep_last :]} | {keep_step}
-        for step, path in complete:
-            if step in keep:
-                continue
-            # Payload first: a lone sidecar is ignored, a lone .pt is not.
-            atomic.unlink_quietly(path)
-            for suffix in SIDECAR_SUFFIXES:
-                atomic.unlink_quietly(path.with_name(path.name + suffix))
-            log.debug("pruned checkpoint %s", path)
+        """Delete checkpoints beyond the newest ``keep_last``, never the one just written;
+        sharded ones (of a run that trained under fsdp before) count too."""
+        pruning.prune(self.directory, self.keep_last, keep_step)
 
     def _remove_debris(self) -> None:
         """Delete what interrupted saves left behind; none of it is ever loaded anyway."""

@@ -3,8 +3,8 @@ weights out of the newest one (``hpcddp checkpoint export``), whole or sharded, 
 without a process group.
 
 Export reads only the model's tensors: of a sharded checkpoint, DCP reads each shard file into
-the output tensors as it goes, so memory holds the output and one read buffer, never the
-optimizer state.
+the output tensors as it goes, so memory holds the output and one item's bytes, never the
+optimizer state; each file it reads is checked against its digest on the way.
 """
 
 import dataclasses
@@ -18,10 +18,11 @@ import torch
 
 from hpcddp.errors import CheckpointError, ConfigError
 from hpcddp.run_files import CHECKPOINTS
-from hpcddp.storage import mapped
+from hpcddp.storage import mapped, sharded
 from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.storage.checkpoint_names import CHECKPOINT_NAME, MARKER, SHARDED_NAME, has_sidecar
 from hpcddp.storage.sharded import ShardedStore
+from hpcddp.storage.sharded_reader import VerifyingReader
 
 
 @dataclasses.dataclass
@@ -40,7 +41,7 @@ class Found:
 
 def inventory(run_dir: str | os.PathLike[str], verify: bool = False) -> list[Found]:
     """Every checkpoint and torn save in ``run_dir/checkpoints``, oldest first; ``verify`` reads
-    each whole checkpoint's bytes against its digest (sharded ones: file sizes, always)."""
+    each checkpoint's files against their digests (sharded ones' sizes: always)."""
     folder = pathlib.Path(run_dir) / CHECKPOINTS
     try:
         names = sorted(os.listdir(folder))
@@ -54,7 +55,7 @@ def inventory(run_dir: str | os.PathLike[str], verify: bool = False) -> list[Fou
             complete = has_sidecar(name, set(names))  # of this version or an earlier one
             found.append(_whole(int(whole[1]), folder / name, complete, verify))
         elif sharded := SHARDED_NAME.match(name):
-            found.append(_sharded(int(sharded[1]), folder / name))
+            found.append(_sharded(int(sharded[1]), folder / name, verify))
     return sorted(found, key=lambda f: f.step)
 
 
@@ -76,7 +77,7 @@ def _whole(step: int, path: pathlib.Path, complete: bool, verify: bool) -> Found
     return found
 
 
-def _sharded(step: int, path: pathlib.Path) -> Found:
+def _sharded(step: int, path: pathlib.Path, verify: bool) -> Found:
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     if not (path / MARKER).exists():
         return Found(step, path, "sharded", False, size, integrity="no marker: torn, never loaded")
@@ -86,10 +87,22 @@ def _sharded(step: int, path: pathlib.Path) -> Found:
     )
     try:
         ShardedStore(path.parent.parent).check(path)
-        found.integrity = "file sizes ok"
+        found.integrity = _sharded_digests(path, record, verify)
     except CheckpointError as exc:
         found.integrity = _bad(exc)
     return found
+
+
+def _sharded_digests(path: pathlib.Path, record: dict[str, Any], verify: bool) -> str:
+    """The sharded checkpoint's digest status (sizes already checked); ``verify`` reads every
+    file against its digest."""
+    if "digests" not in record:
+        return "file sizes ok, no digests (an earlier version)"
+    if not verify:
+        return f"file sizes ok, {len(record['digests'])} digests not checked (--verify)"
+    for name in record["files"]:
+        sharded.verify_file(path / name, record)
+    return f"file sizes ok, {len(record['digests'])} digests ok"
 
 
 def _bad(exc: CheckpointError) -> str:
@@ -131,12 +144,14 @@ def _sharded_weights(path: pathlib.Path) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = dcp.FileSystemReader(path).read_metadata()
+    digests = ShardedStore(path.parent.parent).check(path).get("digests")
+    reader = VerifyingReader(path, digests)  # the files it reads, checked as it reads them
+    metadata = reader.read_metadata()
     model: dict[str, Any] = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
             model[key.removeprefix("model.")] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load({"model": model}, checkpoint_id=path, no_dist=True)
+        dcp.load({"model": model}, storage_reader=reader, no_dist=True)
     return model

@@ -4,11 +4,13 @@ its marker is.
 Layout: ``<run_dir>/checkpoints/step-00000123.dcp/`` holds every rank's shard files and the
 ``.metadata`` that torch.distributed.checkpoint (DCP) writes, ``extras.pt`` (the scheduler,
 scaler, progress and every rank's RNG: small, rank 0's), and ``COMPLETE``, written last by rank
-0 once every rank's shards and the metadata are durable. The marker lists each file's size, so
-a shard truncated or lost afterwards is noticed before loading. A folder without its marker (a
-save interrupted by a killed rank, a full disk) is never loaded; the next save removes it.
-Pruning keeps the newest ``keep_last`` complete folders and never the one just written; a
-``.pt`` checkpoint of the same run (written under ``dist.strategy=ddp``) counts as older work.
+0 once every rank's shards and the metadata are durable. The marker lists each file's size and
+its XXH3-128 digest (`hpcddp.storage.digest`; each rank hashes the shards it wrote, in the
+background write, and rank 0 the rest), so a shard truncated, lost or flipped afterwards is
+noticed: sizes before loading, digests while loading (`hpcddp.storage.sharded_reader`). A
+folder without its marker (a save interrupted by a killed rank, a full disk) is never loaded;
+the next save removes it. Pruning (`hpcddp.storage.pruning`) counts whole and sharded
+checkpoints together.
 """
 
 import json
@@ -21,12 +23,10 @@ from typing import Any
 
 from hpcddp.errors import CheckpointError
 from hpcddp.run_files import CHECKPOINTS
-from hpcddp.storage import atomic
+from hpcddp.storage import atomic, digest, pruning
 from hpcddp.storage.checkpoint_names import (
-    CHECKPOINT_NAME,
     MARKER,
     SHARDED_NAME,
-    payload_of,
     sharded_complete_steps,
     sharded_name,
 )
@@ -70,9 +70,12 @@ class ShardedStore:
         path.mkdir()
         return path
 
-    def complete(self, step: int, meta: dict[str, Any]) -> None:
+    def complete(
+        self, step: int, meta: dict[str, Any], digests: dict[str, str] | None = None
+    ) -> None:
         """Rank 0, after every rank's shards and the metadata are written: the marker, then
-        pruning. The files' sizes go into the marker; the folder is fsynced before it."""
+        pruning. The marker holds each file's size and digest: ``digests`` (each rank's of the
+        shards it wrote); any other file is hashed here. The folder is fsynced before it."""
         path = self.path_for(step)
         files = {f.name: f.stat().st_size for f in sorted(path.iterdir()) if f.name != MARKER}
         if ".metadata" not in files:
@@ -80,11 +83,19 @@ class ShardedStore:
                 f"sharded checkpoint {path} has no .metadata after every rank wrote; not marked "
                 "complete. HINT: check that run.dir is a file system every node shares."
             )
+        given = digests or {}
+        tokens = {n: given.get(n) or digest.of_file(path / n)[0] for n in files}
         atomic.fsync_dir(path)
-        record = {**meta, "step": step, "files": files, "written": round(time.time(), 3)}
+        record = {
+            **meta,
+            "step": step,
+            "files": files,
+            "digests": tokens,
+            "written": round(time.time(), 3),
+        }
         atomic.atomic_write_text(path / MARKER, json.dumps(record, indent=1))
         atomic.fsync_dir(self.directory)
-        self._prune(keep_step=step)
+        pruning.prune(self.directory, self.keep_last, keep_step=step)
 
     def check(self, path: pathlib.Path) -> dict[str, Any]:
         """The marker's record, if every file it lists is there with its size; else
@@ -109,19 +120,28 @@ class ShardedStore:
                 )
         return record
 
-    def _prune(self, keep_step: int) -> None:
-        """Folders beyond the newest ``keep_last`` complete ones go, and ``.pt`` checkpoints
-        older than all of those (a run that moved from ddp to fsdp); never ``keep_step``."""
-        complete = self.list_complete()
-        kept = {s for s, _ in complete[-self.keep_last :]} | {keep_step}
-        for step, path in complete:
-            if step not in kept:
-                atomic.unlink_quietly(path / MARKER)  # the marker first: never half a checkpoint
-                shutil.rmtree(path, ignore_errors=True)
-                log.debug("pruned checkpoint %s", path)
-        if len(kept) < self.keep_last:
-            return
-        for name in sorted(os.listdir(self.directory)):  # a payload before its sidecar
-            whole = CHECKPOINT_NAME.match(payload_of(name) or name)  # a sidecar of any version
-            if whole and int(whole[1]) < min(kept):
-                atomic.unlink_quietly(self.directory / name)
+
+def digests_of(path: pathlib.Path, names: list[str]) -> dict[str, str]:
+    """``{name: xxh3-128 token}`` of the files ``names`` in ``path`` (a rank's own shards,
+    hashed after DCP wrote them, while they are in the page cache)."""
+    return {name: digest.of_file(path / name)[0] for name in names}
+
+
+def verify_file(path: pathlib.Path, record: dict[str, Any]) -> None:
+    """CheckpointError unless ``path``'s bytes match the marker's digest (none recorded:
+    a checkpoint of an earlier version, checked by size alone)."""
+    expected = record.get("digests", {}).get(path.name)
+    if expected is None:
+        return
+    actual, _ = digest.of_file(path, digest.scheme_of(expected))
+    if actual != expected:
+        raise CheckpointError(mismatch(path, expected, actual))
+
+
+def mismatch(path: pathlib.Path, expected: str, actual: str) -> str:
+    """One line on a file whose bytes are not what was written."""
+    return (
+        f"sharded checkpoint {path.parent}: {path.name} does not match its digest "
+        f"({actual[-12:]}, the marker says {expected[-12:]}). HINT: it was corrupted after "
+        "saving; resume falls back to an older checkpoint."
+    )

@@ -9,7 +9,6 @@ number of ranks: they are seeded afresh from the seed, the rank and the step.
 """
 
 import dataclasses
-import json
 import logging
 import pathlib
 from collections.abc import Callable
@@ -23,7 +22,6 @@ from hpcddp.errors import CheckpointError, ConfigError, DistributedError, agreed
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.storage import mapped
 from hpcddp.storage.checkpoint import CheckpointStore
-from hpcddp.storage.checkpoint_names import MARKER
 from hpcddp.storage.sharded import ShardedStore
 from hpcddp.train import rng
 from hpcddp.train.state import Progress
@@ -71,10 +69,11 @@ def newest_usable(
 
 def shape_of(path: pathlib.Path) -> dict[str, Any]:
     """World size, strategy, micro-batch and accumulation that wrote a checkpoint ({} when
-    unreadable: resume then says why)."""
+    unreadable, or a sharded one whose files are not all there with their sizes: resume
+    skips it, and says why)."""
     try:
         if path.suffix == ".dcp":
-            return dict(json.loads((path / MARKER).read_text()))
+            return ShardedStore(path.parent.parent).check(path)
         state = mapped.load(path)
         return {"world_size": state["world_size"], "strategy": "ddp", **state.get("data", {})}
     except Exception as exc:  # unreadable now is unusable later: resume explains
@@ -83,10 +82,11 @@ def shape_of(path: pathlib.Path) -> dict[str, Any]:
 
 
 def keep_global_batch(cfg: Config, env: DistEnv, run_dir: pathlib.Path) -> Config:
-    """``cfg`` with the accumulation that keeps the newest checkpoint's global batch at this
-    world size (itself when nothing changed); a refusal, with sizes that work, when none can."""
-    found = complete(run_dir, cfg.train.keep_checkpoints)
-    shape = shape_of(found[-1][1]) if found else {}
+    """``cfg`` with the accumulation that keeps the global batch of the checkpoint resume will
+    load at this world size (itself when nothing changed); a refusal, with sizes that work,
+    when none can. That checkpoint is the newest whose shape can be read (and, if sharded,
+    whose files are all there): resume skips the others the same way."""
+    step, shape = _newest_readable(complete(run_dir, cfg.train.keep_checkpoints))
     if "world_size" not in shape:
         return cfg
     micro = shape.get("batch_size", cfg.data.batch_size)
@@ -96,7 +96,7 @@ def keep_global_batch(cfg: Config, env: DistEnv, run_dir: pathlib.Path) -> Confi
     if wanted == per_window * cfg.train.grad_accum_steps:
         return cfg
     if wanted % per_window:
-        raise agreed(ConfigError(_no_fit(found[-1][0], shape, wanted, cfg, env)))
+        raise agreed(ConfigError(_no_fit(step, shape, wanted, cfg, env)))
     steps = wanted // per_window
     log.info(
         "resuming a checkpoint of %d ranks on %d: train.grad_accum_steps %d -> %d keeps the "
@@ -109,6 +109,15 @@ def keep_global_batch(cfg: Config, env: DistEnv, run_dir: pathlib.Path) -> Confi
     )
     train = dataclasses.replace(cfg.train, grad_accum_steps=steps)
     return dataclasses.replace(cfg, train=train)
+
+
+def _newest_readable(found: list[tuple[int, pathlib.Path]]) -> tuple[int, dict[str, Any]]:
+    """(step, shape) of the newest checkpoint in ``found`` whose shape reads; (0, {}) if none."""
+    for step, path in reversed(found):
+        shape = shape_of(path)
+        if "world_size" in shape:
+            return step, shape
+    return 0, {}
 
 
 def _no_fit(step: int, shape: dict[str, Any], wanted: int, cfg: Config, env: DistEnv) -> str:

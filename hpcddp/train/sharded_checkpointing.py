@@ -4,14 +4,18 @@ whole-state checkpoints give (`hpcddp.train.checkpointing`).
 Saving: every rank copies its own shards of the model and optimizer to host buffers (the only
 part the loop waits for, reused from save to save), then a background thread writes them with
 torch.distributed.checkpoint over a process group of its own, so the write's collectives never
-meet training's. DCP returns on rank 0 only after every rank's files are written and fsynced
-and the metadata is durable; rank 0 then writes ``extras.pt`` and the ``COMPLETE`` marker
-(`hpcddp.storage.sharded`). The next save, a stop and the end of training first wait for the
-write on every rank; a failure on any rank reaches every rank then, as one error.
+meet training's. DCP returns only after every rank's files are written and fsynced and the
+metadata is durable; each rank then hashes the shard files it wrote (still on the thread,
+from the page cache) and sends the digests to rank 0, which writes ``extras.pt`` and the
+``COMPLETE`` marker with every file's digest (`hpcddp.storage.sharded`). The next save, a
+stop and the end of training first wait for the write on every rank; a failure on any rank
+reaches every rank then, as one error.
 
 Resuming: the newest complete checkpoint, whole or sharded, whichever world size and strategy
-wrote it: DCP reads each rank's slice of a sharded one, and a whole one (ddp's) is loaded and
-each rank keeps its slice. A checkpoint any rank cannot use is skipped for the next older one.
+wrote it: DCP reads each rank's slice of a sharded one, each file it touches read once and
+checked against its digest (`hpcddp.storage.sharded_reader`), and a whole one (ddp's) is
+loaded and each rank keeps its slice. A checkpoint any rank cannot use (torn, truncated, a
+digest that fails) is skipped for the next older one.
 """
 
 import concurrent.futures
@@ -26,13 +30,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 
 from hpcddp.comm import collectives, waiting
 from hpcddp.comm.sidegroup import side_group
 from hpcddp.config import Config
 from hpcddp.errors import CheckpointError
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.storage import atomic, mapped
+from hpcddp.storage import atomic, mapped, sharded
 from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.storage.sharded import EXTRAS, ShardedStore
 from hpcddp.train import preemption, resharding, rng, sharded_state, write_in_flight
@@ -129,17 +134,27 @@ class ShardedCheckpointer:
         return staged
 
     def _write(self, step: int, staged: dict[str, Any], extras: dict[str, Any] | None) -> None:
-        """In the background: every rank's shards, then (rank 0) the extras and the marker."""
+        """In the background: every rank's shards and their digests, then (rank 0) the extras
+        and the marker, which records every file's digest."""
         path = self.store.path_for(step)
         started = time.perf_counter()
         dcp.save(staged, checkpoint_id=path, process_group=self.group)
+        mine, problem = {}, None
+        try:
+            mine = sharded.digests_of(path, _own_shards(path, self.group))
+        except OSError as err:  # told to rank 0 too, which must not wait for it
+            problem = f"rank {self.env.rank} could not hash its shards: {err}"
+        everyone = _gather_to_zero((mine, problem), self.group)
+        problems = [p for _, p in everyone if p] or ([problem] if problem else [])
+        if problems:
+            raise CheckpointError(f"{problems[0]}; this checkpoint is not marked complete")
         if extras is None:
             return
         buffer = io.BytesIO()
         torch.save(extras, buffer)
         atomic.atomic_write_bytes(path / EXTRAS, buffer.getvalue())
         meta = {"world_size": self.env.world_size, "strategy": "fsdp", **self.shape}
-        self.store.complete(step, meta)
+        self.store.complete(step, meta, {k: v for d, _ in everyone for k, v in d.items()})
         log.info("saved sharded checkpoint %s in %.2f s", path, time.perf_counter() - started)
 
     def _extras(
@@ -200,22 +215,34 @@ def try_sharded(
 ) -> Progress | None:
     """Resume from the sharded checkpoint ``path`` (any world size, into a sharded or a whole
     model); None, on every rank alike, when any rank cannot use it."""
-    problem, extras = None, None
+    problem, extras, digests = None, None, None
     try:
-        ShardedStore(path.parent.parent).check(path)
+        record = ShardedStore(path.parent.parent).check(path)
+        digests = record.get("digests")  # none: written before digests, sizes checked alone
+        for small in (".metadata", EXTRAS):  # each rank reads both whole: checked first, for
+            sharded.verify_file(path / small, record)  # a clear message (0.2 MB, cached)
         extras = torch.load(path / EXTRAS, map_location="cpu", weights_only=True)
     except Exception as err:  # unreadable in any way: fall back to an older one
         problem = f"{type(err).__name__}: {err}"
     if _refused(path, problem):
         return None
     try:
-        sharded_state.load_sharded(path, trained.model, trained.optimizer)
-    except Exception as err:  # DCP's load tells every rank of any rank's failure
-        problem = f"{type(err).__name__}: {err}"
+        sharded_state.load_sharded(path, trained.model, trained.optimizer, digests)
+    except (Exception, CheckpointException) as err:  # DCP's tells every rank of any failure
+        problem = _first_cause(err)
     if _refused(path, problem):
         return None
     assert extras is not None
     return resharding.restore_rest(extras, trained, env, seed, batch_size)
+
+
+def _first_cause(err: BaseException) -> str:
+    """One line for a failed load: the first rank's own error where DCP wraps them (which
+    file's digest failed, on the rank that read it), else the error itself."""
+    if isinstance(err, CheckpointException):  # {rank: (exception, traceback)}
+        for rank, (cause, _) in sorted(err.failures.items()):
+            return f"rank {rank}: {type(cause).__name__}: {cause}"
+    return f"{type(err).__name__}: {err}"
 
 
 def _refused(path: pathlib.Path, problem: str | None) -> bool:
@@ -233,6 +260,21 @@ def _own_group(timeout_s: float) -> "dist.ProcessGroup | None":
     import datetime
 
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _own_shards(path: pathlib.Path, group: Any) -> list[str]:
+    """The shard files this rank wrote: DCP names them ``__<rank in the group>_<n>.distcp``."""
+    rank = dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+    return sorted(p.name for p in path.glob(f"__{rank}_*.distcp"))
+
+
+def _gather_to_zero(obj: Any, group: Any) -> list[Any]:
+    """Every rank's ``obj`` on rank 0 of ``group`` (others get [])."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0, group=group)
+    return out or []
 
 
 def _all_gather(obj: Any, group: Any) -> list[Any]:

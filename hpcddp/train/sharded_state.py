@@ -20,6 +20,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from hpcddp.storage.sharded_reader import VerifyingReader
+
 
 def named(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Model and optimizer state by parameter name (this rank's shards under fsdp)."""
@@ -30,12 +32,16 @@ def named(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str,
 
 
 def load_sharded(
-    path: pathlib.Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    path: pathlib.Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    digests: dict[str, str] | None = None,
 ) -> None:
     """Every rank reads its own slice of the DCP checkpoint at ``path`` (whichever world and
-    strategy wrote it) into ``model`` and ``optimizer``."""
+    strategy wrote it) into ``model`` and ``optimizer``, each file it reads once, checked
+    against ``digests`` (`hpcddp.storage.sharded_reader`; None: not checked)."""
     state = named(model, optimizer)
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(state, storage_reader=VerifyingReader(path, digests))
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
 

@@ -118,9 +118,10 @@ def test_checkpoints_move_between_strategies_with_the_weights_exact(four_ranks, 
     assert _digest_in_log(sharded) == summary(sharded)["weights_sha256"][:12]
 
 
-def test_checkpoint_torn_by_a_killed_rank_is_skipped(tmp_path):
+def test_checkpoint_torn_by_a_killed_rank_or_corrupted_later_is_skipped(tmp_path):
     """Rank 1 dies while writing the checkpoint of step 4: the job fails; the next attempt
-    resumes from step 2, the newest complete one, and finishes."""
+    resumes from step 2, the newest complete one, and finishes. Then one byte of rank 1's shard
+    of step 6 flips (same size): a run resumes from step 4, saying which file failed."""
     config = ["model.factory=tests.fixtures.torn_save:make_model", "train.max_steps=6"]
     killed = run_cli(
         "train", CONFIG, f"run.dir={tmp_path}", *config, "--nproc", "2",
@@ -133,6 +134,14 @@ def test_checkpoint_torn_by_a_killed_rank_is_skipped(tmp_path):
     log = (tmp_path / "logs" / "rank-0.log").read_text()
     assert "resumed from step 2 (step-00000002.dcp)" in log
     assert summary(tmp_path)["steps"] == 6
+    shard = tmp_path / "checkpoints" / "step-00000006.dcp" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    _ok(_train(tmp_path, 2, *config))
+    log = (tmp_path / "logs" / "rank-0.log").read_text()
+    assert "rank 1: CheckpointError" in log and "__1_0.distcp does not match its digest" in log
+    assert "resumed from step 4 (step-00000004.dcp)" in log
 
 
 def test_activation_checkpointing_keeps_the_loss_trajectory(tmp_path):

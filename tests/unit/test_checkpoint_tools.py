@@ -45,7 +45,7 @@ def test_inspect_lists_every_kind_and_the_torn(tmp_path):
     ]
     assert [f.integrity for f in found] == [
         "digest ok",
-        "file sizes ok",
+        "file sizes ok, 2 digests ok",
         "no marker: torn, never loaded",
     ]
 

@@ -10,6 +10,7 @@ from hpcddp.config import Config, DataConfig, TrainConfig
 from hpcddp.errors import CheckpointError, ConfigError
 from hpcddp.launch.distenv import DistEnv
 from hpcddp.records import attempts
+from hpcddp.storage.checkpoint import CheckpointStore
 from hpcddp.storage.sharded import ShardedStore
 from hpcddp.train import resharding
 
@@ -98,3 +99,44 @@ def test_the_marker_records_how_the_checkpoint_was_written(tmp_path):
     record = json.loads((store.path_for(6) / "COMPLETE").read_text())
     assert {k: record[k] for k in SHAPE} == SHAPE
     assert record["files"] == {".metadata": 10, "__0_0.distcp": 100}
+
+
+def _whole(run_dir, step: int, keep_last: int = 3) -> None:
+    CheckpointStore(run_dir, keep_last).save(step, {"world_size": 4, "data": SHAPE})
+
+
+def _steps(run_dir) -> list[tuple[int, str]]:
+    """(step, kind) of every checkpoint left, whole or sharded, torn or not."""
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    return [(int(n[5:13]), n[14:]) for n in names if n.endswith((".pt", ".dcp"))]
+
+
+def test_after_ddp_to_fsdp_pruning_counts_the_whole_checkpoints_too(tmp_path):
+    for step in (2, 4, 6):
+        _whole(tmp_path, step)
+    store = ShardedStore(tmp_path, keep_last=3)
+    _written(store, 8)  # fsdp now: one sharded checkpoint and three whole ones is four
+    assert _steps(tmp_path) == [(4, "pt"), (6, "pt"), (8, "dcp")]
+    assert not list((tmp_path / "checkpoints").glob("step-00000002.pt*"))  # sidecar gone too
+
+
+def test_after_fsdp_to_ddp_pruning_removes_the_old_sharded_checkpoints(tmp_path):
+    store = ShardedStore(tmp_path, keep_last=2)
+    for step in (2, 4, 6):
+        _written(store, step)
+    _whole(tmp_path, 8, keep_last=2)
+    assert _steps(tmp_path) == [(6, "dcp"), (8, "pt")]
+    _whole(tmp_path, 10, keep_last=2)
+    assert _steps(tmp_path) == [(8, "pt"), (10, "pt")]
+
+
+def test_the_global_batch_kept_is_that_of_the_checkpoint_resume_will_load(tmp_path):
+    store = ShardedStore(tmp_path)
+    _written(store, 6)  # 4 ranks x 2 x 3 = 24
+    path = store.open(8)
+    (path / ".metadata").write_bytes(b"m" * 10)
+    (path / "__0_0.distcp").write_bytes(b"s" * 100)
+    store.complete(8, {**SHAPE, "world_size": 2})  # 2 ranks x 2 x 3 = 12
+    (path / "__0_0.distcp").write_bytes(b"s" * 50)  # truncated: resume skips step 8 for 6
+    kept = resharding.keep_global_batch(_config(), _env(2), tmp_path)
+    assert kept.train.grad_accum_steps == 6  # step 6's 24 samples, not step 8's 12

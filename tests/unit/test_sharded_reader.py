@@ -1,0 +1,42 @@
+"""The sharded reader takes each stored tensor (a ``torch.save`` archive of one tensor) from its
+bytes; a layout seen before is viewed in place instead of unpickled again, and must give the
+very tensor that was saved, whatever its dtype, strides or offset in its storage."""
+
+import io
+
+import pytest
+import torch
+
+from hpcddp.storage.sharded_reader import stored_tensor
+
+TENSORS = {
+    "matrix": lambda: torch.randn(3, 4),
+    "transposed": lambda: torch.randn(5, 6).t(),
+    "view at an offset": lambda: torch.randn(10)[2:7],
+    "int64": lambda: torch.arange(6, dtype=torch.int64),
+    "scalar": lambda: torch.tensor(3.0),
+    "bf16": lambda: torch.randn(2, 3).to(torch.bfloat16),
+}
+
+
+def _saved(tensor: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind", TENSORS)
+def test_a_layout_seen_before_gives_the_saved_tensor(kind):
+    layouts: dict = {}
+    first, second = TENSORS[kind](), TENSORS[kind]()  # same layout, other values
+    assert torch.equal(stored_tensor(_saved(first), layouts), first)
+    assert len(layouts) == 1  # the second is read from its bytes, not unpickled
+    again = stored_tensor(_saved(second), layouts)
+    assert torch.equal(again, second) and again.dtype == second.dtype
+    assert again.stride() == second.stride()
+
+
+def test_an_archive_of_anything_else_is_left_to_torch_load():
+    pair = [torch.ones(2), torch.zeros(3)]  # two storages: not one tensor's archive
+    loaded = stored_tensor(_saved(pair), {})  # type: ignore[arg-type]
+    assert isinstance(loaded, list) and torch.equal(loaded[1], pair[1])
