@@ -16,6 +16,8 @@ from hpcddp.launch.distenv import DistEnv
 from hpcddp.train import fsdp_meta, rng
 from hpcddp.train.strategy_fsdp import Fsdp
 
+CPU = torch.device("cpu")
+
 
 @pytest.fixture(scope="module")
 def world_of_one():
@@ -103,6 +105,9 @@ def test_auto_builds_a_model_without_init_weights_whole_and_says_why(caplog):
     assert not fsdp_meta.is_meta(model)
     assert torch.equal(model.rotary.table, torch.arange(8.0))
     assert "rotary.table" in caplog.text and "dist.fsdp_meta_init=true" in caplog.text
+    # reset_parameters() everywhere is not enough: the factory may initialise otherwise
+    assert not fsdp_meta.is_meta(Fsdp().build(Plain, _config(), CPU))
+    assert fsdp_meta.is_meta(Fsdp().build(Plain, _config("dist.fsdp_meta_init=true"), "cpu"))
 
 
 def test_an_init_weights_that_misses_a_tensor_is_refused_after_it_ran(world_of_one):
