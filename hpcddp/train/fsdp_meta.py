@@ -14,17 +14,82 @@ persistent, so the same rule holds for it.
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+from torch.overrides import TorchFunctionMode
 
 from hpcddp.errors import ConfigError
 
 _SHOWN = 4  # names in a refusal, then a count
+
+
+def attempt(make: Callable[[], torch.nn.Module], asked: str) -> tuple[torch.nn.Module | None, str]:
+    """The model built on meta, or None and why it may not be (``auto``; ``true`` refuses).
+
+    Not when the factory fails there (Hugging Face's ``from_pretrained`` refuses meta), nor
+    when it puts real values into the model (weights loaded, a tensor made off meta): they
+    would be lost to the initialisation; under ``auto`` not either for a model without
+    ``init_weights()``, whose factory may initialise otherwise than its modules'
+    ``reset_parameters()`` would."""
+    try:
+        with torch.device("meta"), _Loads() as loads:
+            model = make()
+    except Exception as err:
+        if asked == "true":
+            raise
+        first = str(err).splitlines()[0] if str(err) else ""
+        return None, f"its factory failed on the meta device ({type(err).__name__}: {first})"
+    loaded = _loaded(model, loads.seen)
+    if loaded and asked == "true":
+        raise ConfigError(
+            f"dist.fsdp_meta_init=true: {type(model).__name__}: {loaded}. HINT: load weights "
+            "after the build (resume from a checkpoint), or set dist.fsdp_meta_init=false."
+        )
+    if loaded:
+        return None, loaded
+    missing = uncovered(model)
+    if missing and asked == "true":
+        raise refusal(model, missing, asked)
+    if asked == "true" or own_init(model):
+        return model, ""
+    unset = f"; none recreates {', '.join(missing[:_SHOWN])}" if missing else ""
+    return None, (
+        f"{type(model).__name__} has no init_weights(), and its factory may initialise it "
+        f"otherwise than its modules' reset_parameters() (set dist.fsdp_meta_init=true if "
+        f"not){unset}"
+    )
+
+
+def _loaded(model: torch.nn.Module, copied: bool) -> str:
+    """Why the factory's values would be lost, or ``""``: tensors it made off the meta device,
+    or real values copied into meta ones."""
+    named = (*model.named_parameters(), *model.named_buffers())
+    real = [name for name, tensor in named if not tensor.is_meta]
+    if not real and not copied:
+        return ""
+    what = ", ".join(real[:_SHOWN]) if real else "copied from real tensors: loaded weights?"
+    return f"its factory puts values into it ({what}), which a meta build would lose"
+
+
+class _Loads(TorchFunctionMode):
+    """Sees a real tensor copied into a meta one: weights the factory loads
+    (``load_state_dict``), which a meta build would silently drop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.copy_ and len(args) > 1:
+            into, source = args[0], args[1]
+            if into.is_meta and isinstance(source, torch.Tensor) and not source.is_meta:
+                self.seen = True
+        return func(*args, **(kwargs or {}))
 
 
 def own_init(model: torch.nn.Module) -> bool:

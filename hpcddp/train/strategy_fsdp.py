@@ -57,24 +57,17 @@ class Fsdp(Strategy):
         itself after it (`wrap` materialises it); else whole in host memory (fully_shard then
         moves only this rank's shards to the device, so a model bigger than one GPU fits)."""
         asked = str(cfg.dist.fsdp_meta_init)
-        if asked == "false":
-            return make().to("cpu")
-        with torch.device("meta"):
-            model = make()
-        missing = fsdp_meta.uncovered(model)
-        if asked == "true" and missing:
-            raise fsdp_meta.refusal(model, missing, asked)
-        if asked == "true" or fsdp_meta.own_init(model):
-            return model
-        log.warning(
-            "fsdp: %s is built whole on every rank before sharding (it has no init_weights(), "
-            "so a meta-device build could not recreate its factory's initialisation). HINT: "
-            "give it init_weights(), or set dist.fsdp_meta_init=true if each module's "
-            "reset_parameters() initialises it as its factory does%s.",
-            type(model).__name__,
-            f" (these have none: {', '.join(missing[:4])})" if missing else "",
-        )
-        rng.seed_everything(cfg.run.seed)  # the weights an eager build always had
+        if asked != "false":
+            model, why_not = fsdp_meta.attempt(make, asked)
+            if model is not None:
+                return model
+            log.warning(
+                "fsdp: the model is built whole on every rank before sharding: %s. HINT: give "
+                "the model an init_weights() that sets every parameter and buffer (then only "
+                "its shards are ever built), or set dist.fsdp_meta_init=false to silence this.",
+                why_not,
+            )
+            rng.seed_everything(cfg.run.seed)  # the weights an eager build always had
         return make().to("cpu")
 
     def wrap(

@@ -159,3 +159,39 @@ def test_the_switch_takes_yaml_booleans_and_refuses_anything_else(tmp_path):
     assert load_config(str(written), []).dist.fsdp_meta_init == "false"
     with pytest.raises(ConfigError, match=r"fsdp_meta_init='sometimes' is not one of"):
         _config("dist.fsdp_meta_init=sometimes")
+
+
+TRAINED = nn.Linear(8, 8).state_dict()  # as torch.load gives them: real tensors
+
+
+def _loads_weights() -> nn.Module:
+    """A fine-tune's factory: the weights it loads would be lost to a meta build's init."""
+    model = ForgetsTable()
+    model.layers[0].load_state_dict(TRAINED)
+    return model
+
+
+def _refuses_meta() -> nn.Module:
+    """As Hugging Face's from_pretrained does under a meta device."""
+    if torch.empty(0).is_meta:
+        raise RuntimeError("from_pretrained wants to load existing weights\nmore")
+    return ForgetsTable()
+
+
+@pytest.mark.parametrize(
+    ("factory", "said"),
+    [(_loads_weights, "puts values into it"), (_refuses_meta, "failed on the meta device")],
+)
+def test_auto_builds_whole_a_model_whose_factory_loads_weights_or_fails_on_meta(
+    caplog, factory, said
+):
+    with caplog.at_level(logging.WARNING):
+        model = Fsdp().build(factory, _config(), CPU)  # ForgetsTable has init_weights()
+    assert not fsdp_meta.is_meta(model)
+    assert said in caplog.text and len(caplog.records) == 1
+    assert "\n" not in caplog.records[0].getMessage()
+
+
+def test_true_refuses_a_factory_that_loads_weights():
+    with pytest.raises(ConfigError, match=r"puts values into it .*HINT"):
+        Fsdp().build(_loads_weights, _config("dist.fsdp_meta_init=true"), CPU)
