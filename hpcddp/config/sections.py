@@ -297,9 +297,10 @@ class DistConfig:
     fsdp_meta_init: str | bool = setting(
         "auto",
         "fsdp: build the model on the meta device so that each rank only ever holds its shards, "
-        "then initialise them: auto: when the model has init_weights() (else built whole on "
-        "each rank, with a warning); true: also by each module's reset_parameters(), refused "
-        "if a parameter or buffer has neither; false: always built whole on each rank",
+        "then initialise them: auto: when the model has init_weights() and its factory loads "
+        "no weights (else built whole on each rank, with a warning); true: also by each "
+        "module's reset_parameters(), refused if a parameter or buffer has neither; false: "
+        "always built whole on each rank",
     )
 
     def __post_init__(self) -> None:
