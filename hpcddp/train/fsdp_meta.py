@@ -14,6 +14,7 @@ persistent, so the same rule holds for it.
 
 import contextlib
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -166,7 +167,9 @@ def _stream_per_rank(device: torch.device) -> Iterator[None]:
         yield
         return
     shared = int(torch.randint(0, 2**62, ()))
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # DTensor's "random operators may not have complete support on cpu": taken care of here
+        warnings.filterwarnings("ignore", "DTensor random operators", UserWarning)
         torch.manual_seed(shared + dist.get_rank())
         yield
 
