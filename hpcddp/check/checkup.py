@@ -412,6 +412,8 @@ def model_memory(report: Mapping[str, Any]) -> tuple[str, Problem | None] | None
         return None
     ranks = report["ranks"]
     world, strategy = len(ranks), report["strategy"]
+    model = dict(model)
+    whole = model.pop("fsdp_builds_whole", False) and strategy == "fsdp"
     needs = memory.need(memory.ModelSize(**model), world, report["precision"])
     tightest = min(ranks, key=lambda f: f["model_room_bytes"])
     room = tightest["model_room_bytes"]
@@ -422,6 +424,9 @@ def model_memory(report: Mapping[str, Any]) -> tuple[str, Problem | None] | None
         f"{memory.gb(needs.fsdp)} at {world} ranks; {tightest['host']} has {memory.gb(room)} "
         f"{tightest['model_room_kind']} per rank; dist.strategy={strategy} {judged}"
     )
+    if whole:  # not on the meta device (dist.fsdp_meta_init): a whole replica first, in RAM
+        weights = memory.gb(model["params"] * model["param_bytes"])
+        line += f"; fsdp builds it whole first: {weights} of host memory a rank while it starts"
     problem = None
     if fails:
         fix = (

@@ -10,6 +10,7 @@ import functools
 import math
 import pathlib
 import re
+import types
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,8 @@ def _origin(kind: Any) -> Any:
 
 def type_name(kind: Any) -> str:
     """How a field's type is named in messages and in the reference: int, float, dict, ..."""
+    if isinstance(kind, types.UnionType):  # str | bool: a choice that YAML may read as a bool
+        return "|".join(map(type_name, typing.get_args(kind)))
     return str(getattr(_origin(kind), "__name__", kind))
 
 

@@ -294,11 +294,22 @@ class DistConfig:
         "fsdp, GPU only: keep the sharded parameters, gradients and optimizer state in host "
         "memory, copied to the GPU for each block (much less GPU memory, slower)",
     )
+    fsdp_meta_init: str | bool = setting(
+        "auto",
+        "fsdp: build the model on the meta device so that each rank only ever holds its shards, "
+        "then initialise them: auto: when the model has init_weights() and its factory loads "
+        "no weights (else built whole on each rank, with a warning); true: also by each "
+        "module's reset_parameters(), refused if a parameter or buffer has neither; false: "
+        "always built whole on each rank",
+    )
 
     def __post_init__(self) -> None:
         if self.backend:
             _one_of("dist", "backend", self.backend, ("gloo", "nccl"))
         _one_of("dist", "strategy", self.strategy, ("ddp", "fsdp"))
+        if isinstance(self.fsdp_meta_init, bool):  # YAML's true/false, as users write them
+            self.fsdp_meta_init = str(self.fsdp_meta_init).lower()
+        _one_of("dist", "fsdp_meta_init", self.fsdp_meta_init, ("auto", "true", "false"))
         _positive("dist", timeout_s=self.timeout_s, bucket_cap_mb=self.bucket_cap_mb)
         for name in ("hang_timeout_s", "hang_slow_phase_s"):
             if getattr(self, name) < 0:

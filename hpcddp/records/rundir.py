@@ -46,6 +46,8 @@ RESUMABLE_CHANGES = {
     ("dist", "fsdp_reshard_after_forward"),
     ("dist", "fsdp_activation_checkpointing"),
     ("dist", "fsdp_cpu_offload"),
+    # a resume loads every weight from the checkpoint: built on meta or whole, the same bits
+    ("dist", "fsdp_meta_init"),
     ("slurm",),
 }
 

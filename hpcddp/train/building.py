@@ -19,7 +19,7 @@ from hpcddp.comm import agreement
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError, UserCodeError, agreed
 from hpcddp.launch.distenv import DistEnv
-from hpcddp.train import data, ddp, rng, usercode
+from hpcddp.train import data, ddp, rng, strategy, usercode
 
 
 @dataclasses.dataclass
@@ -46,9 +46,12 @@ def build(
     fault = None
     what = f"the model factory {usercode.name_of(model_fn)}"
     try:
-        # fsdp: the whole model stays in host memory; fully_shard moves each rank's shards
-        home = device if cfg.dist.strategy == "ddp" else torch.device("cpu")
-        model = _model(usercode.call(model_fn, cfg.model.kwargs, what, "model.kwargs"), home)
+        # ddp: on the device; fsdp: on the meta device or in host memory (`Strategy.build`)
+        model = strategy.of(cfg).build(
+            lambda: _model(usercode.call(model_fn, cfg.model.kwargs, what, "model.kwargs")),
+            cfg,
+            device,
+        )
         what = f"the dataset factory {usercode.name_of(dataset_fn)}"
         made = _loaders(model, dataset_fn, cfg, env, what)
     except Exception as err:  # told to every rank at the agreement point below
@@ -66,13 +69,13 @@ def build(
     return made
 
 
-def _model(made: Any, device: torch.device) -> torch.nn.Module:
+def _model(made: Any) -> torch.nn.Module:
     if not isinstance(made, torch.nn.Module):
         raise ConfigError(
             f"the model factory returned {type(made).__name__}, not a torch.nn.Module. "
             "HINT: return the model itself (e.g. `return MyModel(...)`)."
         )
-    return made.to(device)
+    return made
 
 
 def _loaders(

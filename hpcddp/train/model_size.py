@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from hpcddp.config import Config
-from hpcddp.train import factories, strategy_fsdp, usercode
+from hpcddp.train import factories, fsdp_meta, strategy_fsdp, usercode
 
 
 def _params(module: torch.nn.Module) -> int:
@@ -20,11 +20,19 @@ def _params(module: torch.nn.Module) -> int:
 
 def measure(cfg: Config) -> dict[str, Any]:
     """``{params, param_bytes, largest_block_params, root_params}`` of the model the config
-    builds (fields of `hpcddp.check.memory.ModelSize`); raises what the factory raises."""
+    builds (fields of `hpcddp.check.memory.ModelSize`), and ``fsdp_builds_whole``: fsdp would
+    build it whole in host memory on each rank before sharding it (not on the meta device);
+    raises what the factory raises."""
     model_fn = factories.import_factory(cfg.model.factory, "model")
     what = f"the model factory {usercode.name_of(model_fn)}"
+
+    def make() -> Any:
+        return usercode.call(model_fn, cfg.model.kwargs, what, "model.kwargs")
+
+    # would fsdp build it whole on each rank before sharding it (`hpcddp.train.fsdp_meta`)?
+    meta_built, _ = (None, "") if cfg.dist.fsdp_meta_init == "false" else _quietly(make, cfg)
     with torch.device("meta"):
-        model = usercode.call(model_fn, cfg.model.kwargs, what, "model.kwargs")
+        model = make()
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the model factory returned {type(model).__name__}, not a Module")
     quiet = strategy_fsdp.log.level
@@ -41,4 +49,13 @@ def measure(cfg: Config) -> dict[str, Any]:
         "param_bytes": first.element_size() if first is not None else 4,
         "largest_block_params": max(map(_params, found), default=0),
         "root_params": total - sum(map(_params, found)),
+        "fsdp_builds_whole": meta_built is None,
     }
+
+
+def _quietly(make: Any, cfg: Config) -> tuple[torch.nn.Module | None, str]:
+    """fsdp's own choice, its refusals taken for a whole build (training reports them)."""
+    try:
+        return fsdp_meta.attempt(make, "auto" if cfg.dist.fsdp_meta_init == "auto" else "true")
+    except Exception:
+        return None, ""

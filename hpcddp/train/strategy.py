@@ -2,16 +2,17 @@
 
 The loop, the step and the checkpoints ask a `Strategy` the few questions whose answers differ
 between a whole replica per rank (`hpcddp.train.strategy_ddp`) and a model sharded across the
-ranks (`hpcddp.train.strategy_fsdp`): how the model is wrapped, how a micro-batch accumulates
-without reducing (or resharding) until the last, what the total gradient norm is, and who
-saves and loads the training state. Everything else (precision, the guard, telemetry, stops)
-is the same code under both.
+ranks (`hpcddp.train.strategy_fsdp`): where the model is built, how it is wrapped, how a
+micro-batch accumulates without reducing (or resharding) until the last, what the total
+gradient norm is, and who saves and loads the training state. Everything else (precision, the
+guard, telemetry, stops) is the same code under both.
 """
 
 import abc
 import contextlib
 import dataclasses
 import pathlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -33,6 +34,13 @@ class Strategy(abc.ABC):
 
     name: ClassVar[str]
     shards_gradients: ClassVar[bool]  # a rank holds a shard of each gradient, not all of it
+
+    @abc.abstractmethod
+    def build(
+        self, make: Callable[[], torch.nn.Module], cfg: Config, device: torch.device
+    ) -> torch.nn.Module:
+        """The model ``make`` (the user's factory) builds, where this strategy wants it before
+        `wrap`: on the rank's device (ddp), or with no storage yet (fsdp on the meta device)."""
 
     @abc.abstractmethod
     def wrap(

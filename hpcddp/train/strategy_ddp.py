@@ -2,6 +2,7 @@
 
 import contextlib
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,6 +19,11 @@ class Ddp(Strategy):
 
     name = "ddp"
     shards_gradients = False
+
+    def build(
+        self, make: Callable[[], torch.nn.Module], cfg: Config, device: torch.device
+    ) -> torch.nn.Module:
+        return make().to(device)
 
     def wrap(
         self, model: torch.nn.Module, cfg: Config, env: DistEnv, device: torch.device

@@ -9,12 +9,17 @@ transformer's layers) or ``Sequential`` of one repeated class. bf16 (fp16) gathe
 state stay fp32. Under fp16, GradScaler's overflow check on the sharded gradients agrees across
 the ranks by itself: DTensor runs it on each shard and all-reduces the found-inf flag (max), so
 a rank whose shard overflowed makes every rank skip the step.
+
+Where the model is built (``dist.fsdp_meta_init``, `hpcddp.train.fsdp_meta`): on the meta
+device, each rank materialising only its shards, when the model can initialise itself there
+(``auto``: it has ``init_weights()``; ``true``: that, or each module's ``reset_parameters()``);
+otherwise whole in host memory on every rank, then sharded.
 """
 
 import contextlib
 import logging
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,6 +37,7 @@ from torch.distributed.tensor import DTensor
 from hpcddp.config import Config
 from hpcddp.errors import ConfigError
 from hpcddp.launch.distenv import DistEnv
+from hpcddp.train import fsdp_meta, rng
 from hpcddp.train.sharded_checkpointing import ShardedCheckpointer
 from hpcddp.train.strategy import Strategy, Wrapped
 
@@ -44,12 +50,31 @@ class Fsdp(Strategy):
     name = "fsdp"
     shards_gradients = True
 
+    def build(
+        self, make: Callable[[], torch.nn.Module], cfg: Config, device: torch.device
+    ) -> torch.nn.Module:
+        """On the meta device when ``dist.fsdp_meta_init`` allows and the model can initialise
+        itself after it (`wrap` materialises it); else whole in host memory (fully_shard then
+        moves only this rank's shards to the device, so a model bigger than one GPU fits)."""
+        asked = str(cfg.dist.fsdp_meta_init)
+        if asked != "false":
+            model, why_not = fsdp_meta.attempt(make, asked)
+            if model is not None:
+                return model
+            log.warning(
+                "fsdp: the model is built whole on every rank before sharding: %s. HINT: give "
+                "the model an init_weights() that sets every parameter and buffer (then only "
+                "its shards are ever built), or set dist.fsdp_meta_init=false to silence this.",
+                why_not,
+            )
+            rng.seed_everything(cfg.run.seed)  # the weights an eager build always had
+        return make().to("cpu")
+
     def wrap(
         self, model: torch.nn.Module, cfg: Config, env: DistEnv, device: torch.device
     ) -> Wrapped:
         _refuse_unsupported(cfg)
-        # the model was built in host memory (`hpcddp.train.building`): fully_shard moves only
-        # this rank's shards to the mesh's device, so a model bigger than one GPU fits
+        meta = fsdp_meta.is_meta(model)
         mesh = init_device_mesh(device.type, (env.world_size,))
         sharding: dict[str, Any] = {
             "mesh": mesh,
@@ -62,10 +87,13 @@ class Fsdp(Strategy):
             fully_shard(block, reshard_after_forward=reshard, **sharding)
         # the root's own parameters (embeddings, head) are needed again at once by the backward
         fully_shard(model, reshard_after_forward=False, **sharding)
+        if meta:  # storage for this rank's shards only, then the weights
+            fsdp_meta.materialise(model, device, str(cfg.dist.fsdp_meta_init))
         log.info(
-            "fsdp: %d blocks sharded over %d ranks, then the root%s%s",
+            "fsdp: %d blocks sharded over %d ranks, then the root%s%s%s",
             len(found),
             env.world_size,
+            "; built on the meta device, each rank initialising its shards" if meta else "",
             "; activations recomputed per block" if cfg.dist.fsdp_activation_checkpointing else "",
             "; shards offloaded to host memory" if cfg.dist.fsdp_cpu_offload else "",
         )

@@ -313,6 +313,14 @@ def test_a_model_that_fits_sharded_or_whole_is_no_problem_and_says_fits():
     assert checkup.problems(gpu_job(141)) == []
 
 
+def test_an_fsdp_model_built_whole_first_says_how_much_host_memory_a_rank_needs_then():
+    job = gpu_job(80, "fsdp")
+    job["model"] = {**SEVEN_B, "fsdp_builds_whole": True}
+    assert "fsdp builds it whole first: 26.1 GB of host memory a rank" in table.as_text(job, [])
+    job["model"]["fsdp_builds_whole"] = False  # built on the meta device: only its shards
+    assert "builds it whole" not in table.as_text(job, [])
+
+
 def test_a_model_too_big_even_sharded_asks_for_more_ranks():
     found = lines(checkup.problems(gpu_job(24, "fsdp")))
     assert len(found) == 1 and "does not fit even sharded. Fix: more ranks" in found[0]

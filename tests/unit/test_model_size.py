@@ -25,8 +25,23 @@ def test_the_factory_is_counted_on_meta_with_its_blocks_and_root():
         "param_bytes": 4,
         "largest_block_params": 110,
         "root_params": 22,
+        "fsdp_builds_whole": True,  # no init_weights(): fsdp builds it whole first
     }
     assert BUILT_ON[-1] == "meta"  # no weights allocated
+
+
+class SelfInitialising(Stack):
+    def init_weights(self) -> None:
+        for module in self.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.reset_parameters()
+
+
+def test_a_model_fsdp_builds_on_meta_is_not_said_to_be_built_whole():
+    factory = f"model.factory={__name__}:SelfInitialising"
+    assert not model_size.measure(load_config(None, [factory]))["fsdp_builds_whole"]
+    off = load_config(None, [factory, "dist.fsdp_meta_init=false"])
+    assert model_size.measure(off)["fsdp_builds_whole"]
 
 
 def test_named_block_classes_are_the_blocks_as_under_fsdp():
