@@ -106,6 +106,9 @@ class Fsdp(Strategy):
 
     def grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """Each rank's shards' norms, combined over the ranks (one all-reduce)."""
+        first = grads[0] if grads else None
+        if isinstance(first, DTensor) and first.device.type != first.device_mesh.device_type:
+            return norm_through_mesh_device(grads)
         norm = torch.nn.utils.get_total_norm(grads)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
@@ -113,6 +116,21 @@ class Fsdp(Strategy):
         self, run_dir: pathlib.Path, cfg: Config, env: DistEnv, trained: Any
     ) -> ShardedCheckpointer:
         return ShardedCheckpointer(run_dir, cfg, env, trained)
+
+
+def norm_through_mesh_device(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of sharded gradients held off the mesh's device, combined over the ranks on it.
+
+    Under CPU offload the gradients are in host memory while the group is NCCL's, which has no
+    CPU collectives (torch's own total norm would all-reduce there): each gradient's part of its
+    norm goes to the GPU for one all-reduce, DTensor's own norm reduction from the same
+    placements, and the total comes back to where the gradients are."""
+    parts = torch.stack([torch.linalg.vector_norm(grad, 2.0) for grad in grads])
+    assert isinstance(parts, DTensor)
+    mesh = parts.device_mesh
+    moved = parts.to_local().to(mesh.device_type)
+    on_device = DTensor.from_local(moved, mesh, parts.placements, run_check=False)
+    return torch.linalg.vector_norm(on_device.full_tensor(), 2.0).to(parts.device)
 
 
 @contextlib.contextmanager

@@ -218,6 +218,18 @@ def test_two_nccl_ranks_each_hold_half_and_reduce_scatter_in_fp32(tmp_path):
 
 
 @pytest.mark.gpus(2)
+def test_cpu_offload_on_two_gpus_combines_the_gradient_norm_on_the_gpus(tmp_path):
+    """NCCL has no CPU collectives: the norm of the gradients held in host memory is combined
+    on the GPUs (`norm_through_mesh_device`), and clipping by it trains."""
+    offloaded = ("train.precision=bf16", "dist.fsdp_cpu_offload=true", "optim.grad_clip_norm=0.5")
+    done = train_local(tmp_path / "run", *probed(tmp_path / "seen", *offloaded), config=SHARDED)
+    assert "shards offloaded to host memory" in done.stderr
+    for rank in (0, 1):
+        assert seen_by(tmp_path / "seen", rank)["grads"] == where(["cpu"], "torch.float32")
+    assert summary(tmp_path / "run")["steps"] == 6
+
+
+@pytest.mark.gpus(2)
 def test_two_gpus_resume_their_sharded_checkpoint_bitwise(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train_local(straight, *EXACT_FSDP)

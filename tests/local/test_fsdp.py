@@ -175,3 +175,39 @@ def test_fp16_overflow_in_one_rank_s_shard_skips_the_step_on_every_rank(tmp_path
     scales = {line["step"]: line["loss_scale"] for line in lines if "loss" in line}
     assert scales[1] < 2.0**16  # the first step overflowed and was skipped
     assert scales[9] == scales[8] / 2 and record["overflow_steps"] >= 2
+
+
+def test_the_offload_path_combines_the_gradient_norm_as_dtensor_does(tmp_path):
+    """Under CPU offload (GPUs) the norm of the CPU-held sharded gradients is combined on the
+    mesh's device, NCCL having no CPU collectives: 2 gloo ranks check that path's arithmetic
+    against DTensor's own combination and the whole tensors' norm."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.fixtures.helpers import REPO
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env |= {"WORLD_SIZE": "2", "PYTHONPATH": str(REPO)}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.fixtures.offload_norm", str(tmp_path)],
+            env={**env, "RANK": str(rank)},
+            cwd=REPO,
+        )
+        for rank in range(2)
+    ]
+    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    found = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    for rank in found:
+        assert rank["through_device"] == pytest.approx(rank["whole"], rel=1e-6), found
+        assert rank["through_device"] == pytest.approx(rank["dtensor"], rel=1e-6), found
+        assert rank["own_part"] < rank["first_whole"]  # each rank held only a part of each
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
