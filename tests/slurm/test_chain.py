@@ -43,12 +43,15 @@ def test_a_chain_finishes_past_the_time_limit_and_cancels_the_links_left(slurm_c
     straight, chained = tmp_path / "straight", tmp_path / "chained"
     by_submit = tmp_path / "submitted"
     through_submitit = _submit_chain(slurm_cluster, tmp_path, by_submit)  # the others meanwhile
+    # the unchained run, its rank 0 not held back (the delay changes no weight): done in
+    # seconds, it leaves the cluster's CPUs to the two chains' links
     reference, _ = slurm_cluster.sbatch(
         tmp_path,
         "sbatch/train.sh",
         "examples/quickstart.yaml",
         f"run.dir={straight}",
         *WORK,
+        "model.kwargs={delay_s: 0}",
         options=("--time=10", "--ntasks-per-node=2", "--job-name=unchained"),
         wait=False,
     )
