@@ -17,8 +17,9 @@ from hpcddp.storage import atomic
 from hpcddp.storage.checkpoint_names import (
     CHECKPOINT_NAME,
     MARKER,
-    SHARDED_NAME,
     SIDECAR_SUFFIXES,
+    sharded_complete_steps,
+    sharded_name,
 )
 
 log = logging.getLogger(__name__)
@@ -32,11 +33,11 @@ def complete_steps(directory: pathlib.Path) -> dict[int, list[pathlib.Path]]:
         return {}
     found: dict[int, list[pathlib.Path]] = {}
     for name in sorted(names):
-        whole, sharded = CHECKPOINT_NAME.match(name), SHARDED_NAME.match(name)
-        if whole:  # the payload is renamed into place after its sidecar: it is complete
+        # the payload is renamed into place after its sidecar: it is complete
+        if whole := CHECKPOINT_NAME.match(name):
             found.setdefault(int(whole[1]), []).append(directory / name)
-        elif sharded and (directory / name / MARKER).exists():
-            found.setdefault(int(sharded[1]), []).append(directory / name)
+    for step in sharded_complete_steps(directory):
+        found.setdefault(step, []).append(directory / sharded_name(step))
     return found
 
 
