@@ -1,42 +1,14 @@
-"""``python -m hpcddp`` is the ``hpcddp`` command, as every rank runs it (srun, --nproc, torchrun).
+"""``python -m hpcddp`` is the ``hpcddp`` command, as every rank runs it (srun, torchrun).
 
-A command that succeeded, or was interrupted (Ctrl-C, its checkpoint saved), leaves without the
-interpreter's teardown: once torch (and DDP's dynamo) is loaded, collecting every module at exit
-costs about 0.7 CPU-s per process, more than hpcddp's whole start-up, paid by every rank of
-every job; and native threads torn down while a peer leaves can abort the process (SIGABRT), a
-clean stop then read as a crash. Everything an exit promises still happens first: other
-threads are joined and every exit handler runs (logs, trackers, loader workers); only then are
-the standard streams flushed and the process ends with main's status.
-A failure keeps the ordinary exit: a rank that only lost a peer should not end before srun has
-heard of the rank that died, whose node the job script's policy reads from srun's error lines
-(passing over ranks that only lost a peer, exit status 76); an exception main does not handle
-keeps its traceback. (A Ctrl-C reaches every rank: no rank's report has to come first.)
+It leaves a success or a Ctrl-C without the interpreter's teardown (`hpcddp.leaving`, whose exit
+handler is registered before anything else). A local launch's ranks run the same, forked from a
+zygote (`hpcddp.cli.zygote`).
 """
 
-import atexit
-import contextlib
-import os
-import sys
+from hpcddp import leaving
 
-from hpcddp import exit_codes
-
-_LEAVE_FAST = (exit_codes.OK, exit_codes.INTERRUPTED)
-_status: list[int] = []
-
-
-def _leave_without_teardown() -> None:
-    """Registered before anything else, so it runs after every other exit handler."""
-    if len(_status) != 1 or _status[0] not in _LEAVE_FAST:
-        return
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
-            stream.flush()
-    os._exit(_status[0])
-
-
-atexit.register(_leave_without_teardown)
+leaving.register()
 
 from hpcddp.cli import main  # noqa: E402  (after the handler: its exit handlers run first)
 
-_status.append(main())
-sys.exit(_status[0])
+leaving.leave(main())

@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 import psutil
 
 # The local launchers, the variable in which each names itself (its pid), and how far up the
-# process tree it may be: ours starts ranks directly; submitit's may start them through a shell.
+# process tree it may be: ours forks ranks from its zygote (`hpcddp.launch.forked`); submitit's
+# may start them through a shell.
 LOCAL_LAUNCHERS = {
-    "HPCDDP_LOCAL_": ("HPCDDP_LOCAL_JOB_ID", 1),  # hpcddp train --nproc
+    "HPCDDP_LOCAL_": ("HPCDDP_LOCAL_JOB_ID", 2),  # hpcddp train --nproc
     "SUBMITIT_LOCAL_": ("SUBMITIT_LOCAL_JOB_ID", 2),  # submitit's local executor
 }
 # What torchrun sets together, plus NODE_RANK (Lightning's and others' node number); a value

@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from hpcddp import exit_codes
-from hpcddp.launch import deaths, error_reports
+from hpcddp.launch import deaths, error_reports, forked, leftovers
 from hpcddp.launch.ports import PORT_BASE, PORT_SPAN
 
 log = logging.getLogger(__name__)
@@ -67,29 +67,33 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 ORPHAN_GRACE_S = 5.0  # a clean stop takes a step and a save; then the rank is ended anyway
 
 
-def _die_with(launcher_pid: int) -> None:
-    """In the child before exec: SIGTERM when the launcher's thread dies (Linux; else nothing)."""
+def die_with(parent_pid: int, sig: int) -> None:
+    """In a child (before exec, or just forked): ``sig`` when its parent's thread dies (Linux;
+    else nothing)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(PR_SET_PDEATHSIG, sig)
     except (OSError, AttributeError):
         return
-    if os.getppid() != launcher_pid:  # it died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    if os.getppid() != parent_pid:  # it died before the request took effect
+        os.kill(os.getpid(), sig)
 
 
 def watch_launcher(environ: Mapping[str, str], grace_s: float = ORPHAN_GRACE_S) -> None:
     """In a local rank: once the launcher is gone, give the clean stop ``grace_s``, then end.
 
-    The SIGTERM from `_die_with` only sets the stop flag; a rank waiting in a collective for a
-    peer would wait for ``dist.timeout_s``. Nothing happens outside a local launch.
+    The launcher's zygote, the rank's parent, dies with the launcher (`hpcddp.launch.forked`);
+    the SIGTERM that then comes (`die_with`) only sets the stop flag, and a rank waiting in a
+    collective for a peer would wait for ``dist.timeout_s``. Nothing happens outside a local
+    launch.
     """
     launcher = environ.get("HPCDDP_LOCAL_JOB_ID", "")
-    if not launcher.isdigit() or int(launcher) != os.getppid():
+    if not launcher.isdigit() or leftovers.ancestor_pids()[1:2] != [int(launcher)]:
         return
+    parent = os.getppid()
 
     def watch() -> None:
-        while os.getppid() == int(launcher):
+        while os.getppid() == parent:
             time.sleep(0.2)
         time.sleep(grace_s)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -121,18 +125,10 @@ def child_env(
 def launch(argv: Sequence[str], nproc: int) -> int:
     """Run ``python -m hpcddp <argv>`` in ``nproc`` processes; return the job's exit code."""
     port = int(os.environ.get("MASTER_PORT") or free_port())
-    command = [sys.executable, "-m", "hpcddp", *argv]
     with tempfile.TemporaryDirectory(prefix="hpcddp-reports-") as folder:
         report_dir = pathlib.Path(folder)
-        me = os.getpid()
-        children = [
-            subprocess.Popen(
-                command,
-                env=child_env(r, nproc, port, os.environ, report_dir),
-                preexec_fn=lambda: _die_with(me),  # the launcher is single-threaded here
-            )
-            for r in range(nproc)
-        ]
+        envs = [child_env(r, nproc, port, os.environ, report_dir) for r in range(nproc)]
+        children = forked.start(argv, envs, die_with)
         # Ctrl-C already reaches the children (same process group); forward only what does not.
         previous = {
             s: signal.signal(s, lambda n, f: _forward(children, n))
@@ -164,7 +160,7 @@ def _outcome(failed: tuple[int, int] | None, found: list[error_reports.Report]) 
     return code
 
 
-def _forward(children: list[subprocess.Popen[bytes]], signum: int) -> None:
+def _forward(children: list[forked.ForkedRank], signum: int) -> None:
     """Pass Ctrl-C / SIGTERM on to every child so they can stop cleanly."""
     for child in children:
         if child.poll() is None:
@@ -172,7 +168,7 @@ def _forward(children: list[subprocess.Popen[bytes]], signum: int) -> None:
 
 
 def _wait(
-    children: list[subprocess.Popen[bytes]], settle_s: float = 2.0, grace_s: float = 10.0
+    children: list[forked.ForkedRank], settle_s: float = 2.0, grace_s: float = 10.0
 ) -> tuple[int, int] | None:
     """Wait for all; on the first failure stop the rest; (rank, returncode) of that failure
     (``-signum`` for a rank a signal killed).
@@ -193,7 +189,7 @@ def _wait(
         time.sleep(0.05)
 
 
-def _cause(first: tuple[int, int], children: list[subprocess.Popen[bytes]]) -> tuple[int, int]:
+def _cause(first: tuple[int, int], children: list[forked.ForkedRank]) -> tuple[int, int]:
     """(rank, returncode) of the failure that caused the others: the first one seen, unless
     that rank only lost a peer (`exit_codes.PEER_LOST`): it can end before the rank that died."""
     if first[1] != exit_codes.PEER_LOST:
@@ -203,14 +199,14 @@ def _cause(first: tuple[int, int], children: list[subprocess.Popen[bytes]]) -> t
     return causes[0] if causes else first
 
 
-def _settle(children: list[subprocess.Popen[bytes]], settle_s: float) -> None:
+def _settle(children: list[forked.ForkedRank], settle_s: float) -> None:
     """Give the survivors a moment to exit by themselves."""
     deadline = time.monotonic() + settle_s
     while any(c.poll() is None for c in children) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
-def _stop(children: list[subprocess.Popen[bytes]], grace_s: float) -> None:
+def _stop(children: list[forked.ForkedRank], grace_s: float) -> None:
     """SIGTERM the survivors, then SIGKILL whoever is still there after ``grace_s``."""
     _forward(children, signal.SIGTERM)
     deadline = time.monotonic() + grace_s

@@ -65,6 +65,12 @@ def test_startup_cpu_benchmark_prints_both_arms_and_the_ratio():
         ), out
 
 
+def test_local_launch_benchmark_prints_both_arms_and_the_ratio():
+    out = run("local_launch", "--quick")
+    assert re.search(r"^\s+2 exec'd\s+\d+\.\d\d\s+\d+\.\d\d\s+1\.00$", out, re.M), out
+    assert re.search(r"^\s+2 forked\s+\d+\.\d\d\s+\d+\.\d\d\s+\d\.\d\d$", out, re.M), out
+
+
 def test_survivor_handoff_benchmark_loses_no_step_and_ends_with_the_same_weights():
     out = run("survivor_handoff", "--hidden", "64", "--steps", "24", "--every", "5",
               "--die-at", "12", "--runs", "1")  # fmt: skip

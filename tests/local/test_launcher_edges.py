@@ -8,7 +8,15 @@ import time
 import psutil
 
 from hpcddp import exit_codes
-from tests.fixtures.helpers import QUICK, QUICKSTART, TINY, run_cli, start_local, wait_for_step
+from tests.fixtures.helpers import (
+    QUICK,
+    QUICKSTART,
+    TINY,
+    local_ranks,
+    run_cli,
+    start_local,
+    wait_for_step,
+)
 
 LONG = [*QUICK, "train.epochs=200", "train.log_every_steps=1"]
 
@@ -21,8 +29,9 @@ def test_kill_9_of_the_launcher_leaves_no_rank_alive(tmp_path):
     )  # fmt: skip
     try:
         wait_for_step(run_dir, 3)
-        ranks = psutil.Process(launcher.pid).children()
+        ranks = local_ranks(launcher.pid)
         assert len(ranks) == 2
+        ranks += psutil.Process(launcher.pid).children()  # and their zygote
         launcher.kill()  # SIGKILL: no handler, no forwarding; only the kernel can tell them
         since = time.monotonic()
         _gone, alive = psutil.wait_procs(ranks, timeout=10)
@@ -32,7 +41,7 @@ def test_kill_9_of_the_launcher_leaves_no_rank_alive(tmp_path):
     finally:
         launcher.kill()
         launcher.wait()
-    assert not alive, f"ranks {[p.pid for p in alive]} outlived the launcher by 10 s"
+    assert not alive, f"ranks or zygote {[p.pid for p in alive]} outlived the launcher by 10 s"
     print(f"both ranks gone {took:.1f} s after kill -9 of their launcher")
     # they heard SIGTERM from the kernel and stopped cleanly: rank 0 recorded why
     (record,) = [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]

@@ -8,7 +8,14 @@ import time
 import pytest
 
 from hpcddp import exit_codes
-from tests.fixtures.helpers import EXACT, start_local, summary, train_local, wait_for_step
+from tests.fixtures.helpers import (
+    EXACT,
+    local_ranks,
+    start_local,
+    summary,
+    train_local,
+    wait_for_step,
+)
 
 pytestmark = pytest.mark.slow
 # Long enough for a stop to land mid-run, at a walking pace (tests/fixtures/paced.py): the
@@ -25,11 +32,6 @@ def start(run_dir):
         run_dir, *LONG, start_new_session=True, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-
-
-def rank_pids(launcher):
-    out = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True)
-    return [int(pid) for pid in out.stdout.split()]
 
 
 def checkpoint_steps(run_dir):
@@ -61,9 +63,9 @@ def test_signal_reaching_one_rank_stops_all_at_the_same_step(tmp_path, shared_ru
     run_dir = tmp_path / "run"
     launcher = start(run_dir)
     wait_for_step(run_dir, 30)
-    pids = rank_pids(launcher)
-    assert len(pids) == 2
-    os.kill(pids[1], signal.SIGUSR2)  # only one rank hears it; no deadlock, same stop step
+    ranks = local_ranks(launcher.pid)
+    assert len(ranks) == 2
+    os.kill(ranks[1].pid, signal.SIGUSR2)  # only one rank hears it; no deadlock, same stop step
     output, _ = launcher.communicate(timeout=60)
     assert launcher.returncode == exit_codes.STOPPED_NOT_REQUEUED, output[-3000:]
     assert "not a Slurm job, nothing to requeue" in output
