@@ -4,7 +4,7 @@ Every rank of ``hpcddp train --nproc N`` used to load torch itself: about 3 CPU-
 then the dynamo that DDP's constructor loads), N times over, more than a short run's whole
 training. The launcher (`hpcddp.launch.local`) starts this process instead: it loads what
 every rank loads, then forks one child per rank, and each child becomes exactly
-``python -m hpcddp ARGV`` in its own environment and directory, with torch already there.
+``python -m hpcddp ARGV`` in its own environment, with torch already there.
 Nothing of a rank's own runs before the fork (no config read, no thread, no CUDA), so each
 child starts as a fresh interpreter would, only later in its life.
 
@@ -14,7 +14,7 @@ meant for the ranks (a Ctrl-C reaches the whole process group), and ends with th
 the kernel kills it (``PR_SET_PDEATHSIG``), which tells each rank in turn.
 
 ``python -m hpcddp.cli.zygote JOBS_FD EVENTS_FD``: one job per line on JOBS_FD (``argv``,
-``env``, ``cwd``), read to its end before any fork.
+``env``), read to its end before any fork; the ranks work in the launcher's directory.
 """
 
 import contextlib
@@ -72,7 +72,6 @@ def become(job: dict[str, Any]) -> None:
     """Turn this forked child into ``python -m hpcddp`` with the job's arguments."""
     os.environ.clear()
     os.environ.update(job["env"])
-    os.chdir(job["cwd"])
     sys.argv = [sys.argv[0], *job["argv"]]
     from hpcddp.cli.main import main
 

@@ -1,11 +1,11 @@
 """A local launch's ranks, forked by one zygote that loaded torch for all of them.
 
-`start` runs the zygote (`hpcddp.cli.zygote`), hands it each rank's arguments, environment and
-directory, and returns one `ForkedRank` per rank: what `subprocess.Popen` offers the launcher
+`start` runs the zygote (`hpcddp.cli.zygote`), hands it each rank's arguments and environment,
+and returns one `ForkedRank` per rank: what `subprocess.Popen` offers the launcher
 (``pid``, ``poll``, ``returncode``, ``wait``, ``send_signal``, ``kill``), the exit statuses told
-by the zygote, the ranks' parent. The ranks keep the launcher's standard streams and process
-group. The zygote dies with the launcher (``PR_SET_PDEATHSIG``, SIGKILL: it ignores the ranks'
-signals), and the ranks with the zygote.
+by the zygote, the ranks' parent. The ranks keep the launcher's standard streams, process group
+and directory. The zygote dies with the launcher (``PR_SET_PDEATHSIG``, SIGKILL: it ignores
+the ranks' signals), and the ranks with the zygote.
 """
 
 import contextlib
@@ -55,11 +55,19 @@ class Zygote:
         kernel's SIGTERM has reached it; SIGKILL if it still runs), and read as killed."""
         self.gone = True
         os.close(self._events)
-        self.process.wait()
-        for rank, pid in self.pids.items():
-            if rank not in self.codes:
-                _kill(pid, signal.SIGKILL)
-                self.codes[rank] = -signal.SIGKILL
+        status = self.process.wait()
+        left = [rank for rank in self.pids if rank not in self.codes]
+        for rank in left:
+            _kill(self.pids[rank], signal.SIGKILL)
+            self.codes[rank] = -signal.SIGKILL
+        if left:
+            print(
+                f"hpcddp: error: the ranks' zygote (pid {self.process.pid}) ended with status "
+                f"{status} while local rank(s) {left} ran: they were ended. HINT: a negative "
+                "status is a signal (-9: the kernel's out-of-memory killer, or a hard kill)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 class ForkedRank:
@@ -99,8 +107,8 @@ def start(
     envs: Sequence[Mapping[str, str]],
     die_with: Callable[[int, int], None],
 ) -> list[ForkedRank]:
-    """One rank per environment of ``envs``, each running ``python -m hpcddp <argv>`` in this
-    directory; returns once every rank is forked."""
+    """One rank per environment of ``envs``, each running ``python -m hpcddp <argv>``; returns
+    once every rank is forked."""
     jobs_r, jobs_w = os.pipe()
     events_r, events_w = os.pipe()
     me = os.getpid()
@@ -111,10 +119,9 @@ def start(
     )
     os.close(jobs_r)
     os.close(events_w)
-    cwd = os.getcwd()
     with os.fdopen(jobs_w, "w") as jobs:
         for env in envs:
-            print(json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}), file=jobs)
+            print(json.dumps({"argv": list(argv), "env": dict(env)}), file=jobs)
     zygote = Zygote(process, events_r, len(envs))
     while len(zygote.pids) < len(envs) and not zygote.gone:
         zygote.hear(1.0)

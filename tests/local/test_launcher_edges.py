@@ -2,6 +2,7 @@
 left-over launch variables are refused at once instead of a 300 s wait."""
 
 import json
+import signal
 import subprocess
 import time
 
@@ -46,6 +47,28 @@ def test_kill_9_of_the_launcher_leaves_no_rank_alive(tmp_path):
     # they heard SIGTERM from the kernel and stopped cleanly: rank 0 recorded why
     (record,) = [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]
     assert record["cause"] == "terminated" and record["step"] >= 3
+
+
+def test_a_killed_zygote_ends_the_launch_with_its_ranks_and_says_so(tmp_path):
+    """The ranks' parent, killed (the out-of-memory killer's pick, say): the launcher is not left
+    waiting for statuses nobody will tell, and no rank is left running."""
+    run_dir = tmp_path / "run"
+    launcher = start_local(
+        run_dir, *LONG, start_new_session=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_step(run_dir, 3)
+        ranks = local_ranks(launcher.pid)
+        (zygote,) = psutil.Process(launcher.pid).children()
+        zygote.kill()
+        _out, err = launcher.communicate(timeout=30)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGKILL, err[-3000:]
+    assert f"the ranks' zygote (pid {zygote.pid}) ended with status -9" in err, err[-3000:]
+    _gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert not [p for p in alive if _running(p)]
 
 
 def test_leftover_local_variables_are_refused_in_one_line_at_once(tmp_path):
