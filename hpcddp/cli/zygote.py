@@ -38,7 +38,7 @@ _RANKS_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2, signal.SIGHUP)
 def serve(jobs_fd: int, events_fd: int) -> dict[str, Any]:
     """Fork one rank per job; in each child, return its job. The zygote itself never returns:
     it reports and reaps its ranks, then exits."""
-    from hpcddp.launch.local import die_with  # after `leaving.register` (logging's exit handler)
+    from hpcddp.launch.forked import die_with  # after `leaving.register` (logging's exit handler)
 
     dispositions = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _RANKS_SIGNALS}
     for name in PRELOAD:

@@ -9,6 +9,7 @@ the ranks' signals), and the ranks with the zygote.
 """
 
 import contextlib
+import ctypes
 import json
 import os
 import select
@@ -16,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from hpcddp.errors import LaunchError
 
@@ -102,11 +103,7 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
-def start(
-    argv: Sequence[str],
-    envs: Sequence[Mapping[str, str]],
-    die_with: Callable[[int, int], None],
-) -> list[ForkedRank]:
+def start(argv: Sequence[str], envs: Sequence[Mapping[str, str]]) -> list[ForkedRank]:
     """One rank per environment of ``envs``, each running ``python -m hpcddp <argv>``; returns
     once every rank is forked."""
     jobs_r, jobs_w = os.pipe()
@@ -132,6 +129,21 @@ def start(
             "why it cannot start"
         )
     return [ForkedRank(zygote, rank) for rank in range(len(envs))]
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with(parent_pid: int, sig: int) -> None:
+    """In a child (before exec, or just forked): ``sig`` when its parent's thread dies (Linux;
+    else nothing)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, sig)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # it died before the request took effect
+        os.kill(os.getpid(), sig)
 
 
 def _kill(pid: int, sig: int) -> None:

@@ -1,14 +1,15 @@
 """``hpcddp train --nproc N``: N processes on this host, numbered by us, failing together.
 
+The processes are forked from one zygote that imported torch once (`hpcddp.launch.forked`).
 The children find their place through ``HPCDDP_LOCAL_*`` variables (see
 `hpcddp.launch.contexts.LocalContext`). If one child fails, the others are stopped soon after
 rather than left waiting in a collective until its timeout. The children report what ended
 them (`hpcddp.launch.error_reports`) instead of printing it, and the launcher prints each distinct
-cause once. If the launcher itself dies, even by ``kill -9``, the kernel tells every child
-(``PR_SET_PDEATHSIG``): it stops cleanly, and `watch_launcher` ends it if it cannot.
+cause once. If the launcher itself dies, even by ``kill -9``, the kernel ends the zygote and
+tells every child (``PR_SET_PDEATHSIG``): it stops cleanly, and `watch_launcher` ends it if it
+cannot.
 """
 
-import ctypes
 import logging
 import os
 import pathlib
@@ -63,27 +64,14 @@ def free_port(tries: int = 64) -> int:
         return chosen
 
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 ORPHAN_GRACE_S = 5.0  # a clean stop takes a step and a save; then the rank is ended anyway
-
-
-def die_with(parent_pid: int, sig: int) -> None:
-    """In a child (before exec, or just forked): ``sig`` when its parent's thread dies (Linux;
-    else nothing)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, sig)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # it died before the request took effect
-        os.kill(os.getpid(), sig)
 
 
 def watch_launcher(environ: Mapping[str, str], grace_s: float = ORPHAN_GRACE_S) -> None:
     """In a local rank: once the launcher is gone, give the clean stop ``grace_s``, then end.
 
-    The launcher's zygote, the rank's parent, dies with the launcher (`hpcddp.launch.forked`);
-    the SIGTERM that then comes (`die_with`) only sets the stop flag, and a rank waiting in a
+    The launcher's zygote, the rank's parent, dies with the launcher; the SIGTERM that then
+    comes (`hpcddp.launch.forked.die_with`) only sets the stop flag, and a rank waiting in a
     collective for a peer would wait for ``dist.timeout_s``. Nothing happens outside a local
     launch.
     """
@@ -128,7 +116,7 @@ def launch(argv: Sequence[str], nproc: int) -> int:
     with tempfile.TemporaryDirectory(prefix="hpcddp-reports-") as folder:
         report_dir = pathlib.Path(folder)
         envs = [child_env(r, nproc, port, os.environ, report_dir) for r in range(nproc)]
-        children = forked.start(argv, envs, die_with)
+        children = forked.start(argv, envs)
         # Ctrl-C already reaches the children (same process group); forward only what does not.
         previous = {
             s: signal.signal(s, lambda n, f: _forward(children, n))
