@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import sys
+import warnings
 from typing import Any
 
 from hpcddp import leaving
@@ -51,7 +52,12 @@ def serve(jobs_fd: int, events_fd: int) -> dict[str, Any]:
     ranks: dict[int, int] = {}
     zygote = os.getpid()
     for rank, job in enumerate(jobs):
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python >= 3.12 warns of any thread, here numpy's
+            # idle BLAS pool, which re-forms itself in the child (as in every DataLoader worker)
+            warnings.filterwarnings(
+                "ignore", "This process .* is multi-threaded", DeprecationWarning
+            )
+            pid = os.fork()
         if pid == 0:
             die_with(zygote, signal.SIGTERM)  # a clean stop when the launcher (so the zygote) dies
             events.close()
