@@ -139,8 +139,11 @@ def _fresh_start(
     log.warning("run.overwrite=true: moved the previous run in %s aside to %s", root, moved)
 
 
-def _check_code(config: Config, root: pathlib.Path, attempt: Attempt) -> None:
-    """Record the code and versions that run; say in one line what changed since last time."""
+def record_code(config: Config, root: pathlib.Path, attempt: Attempt) -> None:
+    """Record the code and versions that run and the job they run in
+    (`hpcddp.records.provenance`); say in one line what changed since last time, or refuse it
+    under ``run.same_code``. Called once the run directory and the world size are accepted: a
+    run refused for its input leaves the record of the code that last ran there."""
     found = provenance.collect([config.model.factory, config.data.factory])
     found["job"] = attempt.job
     try:
@@ -176,7 +179,7 @@ def prepare(
 ) -> pathlib.Path:
     """Create the run directory (rank 0), take its ``lock``, refuse a different config or run.
 
-    Records the code that runs and the job it runs in (`hpcddp.records.provenance`).
+    The code that runs is recorded later (`record_code`), once the world size is accepted too.
     """
     attempt = attempt or Attempt()
     root = pathlib.Path(config.run.dir)
@@ -194,7 +197,6 @@ def prepare(
                 "run.force=true to continue it with the new config."
             )
     atomic_write_text(saved_path, config.to_yaml())
-    _check_code(config, root, attempt)
     return root
 
 

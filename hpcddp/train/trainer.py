@@ -149,6 +149,11 @@ class Trainer:
             with timeline.phase("setup"):  # the model, data, optimizer and DDP: user code runs
                 # a checkpoint of another world size: the accumulation that keeps its batch
                 config = resharding.keep_global_batch(self.config, env, run_dir)
+                collective.on_rank_zero(
+                    lambda: rundir.record_code(config, run_dir, attempt),
+                    env.rank,
+                    "record the code that runs",
+                )
                 setting = RunSetting(config, env, device, run_dir, attempt, timeline)
                 side = [notices, *self.hooks]
                 run = assembled(self.model_fn, self.dataset_fn, setting, stop_flag, side)

@@ -234,6 +234,9 @@ def test_different_config_never_overwrites_a_finished_run(finished_run):
 
 
 def test_other_world_size_never_touches_the_run(finished_run):
+    # as if its last attempt ran other code: a refused run must not record its own instead
+    record = finished_run / "provenance.json"
+    record.write_text(record.read_text().replace('"torch": "', '"torch": "0.0.1+'))
     before = snapshot(finished_run)
     result = run_cli("train", QS, f"run.dir={finished_run}", *TINY, "--nproc", "2")
     assert result.returncode == 2

@@ -11,7 +11,7 @@ from hpcddp.config import load_config
 from hpcddp.errors import ConfigError
 from hpcddp.records import provenance
 from hpcddp.records.metrics_log import MetricsLog
-from hpcddp.records.rundir import Attempt, config_differences, prepare
+from hpcddp.records.rundir import Attempt, config_differences, prepare, record_code
 from tests.fixtures.helpers import QUICKSTART
 
 
@@ -73,10 +73,17 @@ def test_worker_count_is_not_a_resumable_change(tmp_path):
 # -- run.resume=false never mixes two runs -------------------------------------------------------
 
 
+def started(config, attempt=None):
+    """What a run does to its directory before it trains: prepare it, then record its code."""
+    root = prepare(config, attempt)
+    record_code(config, root, attempt or Attempt())
+    return root
+
+
 def old_run(tmp_path, job=""):
-    """A run directory as an earlier run left it: config, checkpoints up to step 900."""
+    """A run directory as an earlier run left it: config, code, checkpoints up to step 900."""
     run = tmp_path / "run"
-    prepare(load_config(QUICKSTART, [f"run.dir={run}"]), Attempt(job=job))
+    started(load_config(QUICKSTART, [f"run.dir={run}"]), Attempt(job=job))
     for step in (800, 900):
         (run / "checkpoints" / f"step-{step:08d}.pt").write_text("old")
     return run
@@ -118,7 +125,7 @@ def test_other_code_warns_in_one_line_or_is_refused(tmp_path, monkeypatch, caplo
     changed = {**real, "versions": {**real["versions"], "torch": "0.0.1"}}
     monkeypatch.setattr(provenance, "collect", lambda factories=(): copy.deepcopy(changed))
     with caplog.at_level(logging.WARNING, logger="hpcddp.records.rundir"):
-        prepare(load_config(QUICKSTART, [f"run.dir={run}"]))
+        started(load_config(QUICKSTART, [f"run.dir={run}"]))
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith(
         f"resuming {run} with other code: torch {real['versions']['torch']} -> 0.0.1"
@@ -126,4 +133,4 @@ def test_other_code_warns_in_one_line_or_is_refused(tmp_path, monkeypatch, caplo
     assert (run / "provenance-1.json").exists()  # what the first attempt ran, kept
     monkeypatch.setattr(provenance, "collect", lambda factories=(): copy.deepcopy(real))
     with pytest.raises(ConfigError, match=r"was run with other code \(torch 0.0.1 -> .*same_code"):
-        prepare(load_config(QUICKSTART, [f"run.dir={run}", "run.same_code=true"]))
+        started(load_config(QUICKSTART, [f"run.dir={run}", "run.same_code=true"]))
