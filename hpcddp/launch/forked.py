@@ -32,10 +32,20 @@ class Zygote:
         self.pids: dict[int, int] = {}  # rank -> pid
         self.codes: dict[int, int] = {}  # rank -> exit status, Popen's way (-N: signal N)
         self.gone = False  # its events have ended: it told everything, or it died
+        self._hearing = False  # the launcher's signal handlers poll too: one reader at a time
 
     def hear(self, timeout_s: float) -> None:
         """Read what the zygote says within ``timeout_s`` (0: only what is there already)."""
-        if self.gone or not select.select([self._events], [], [], timeout_s)[0]:
+        if self.gone or self._hearing:
+            return
+        self._hearing = True
+        try:
+            self._hear(timeout_s)
+        finally:
+            self._hearing = False
+
+    def _hear(self, timeout_s: float) -> None:
+        if not select.select([self._events], [], [], timeout_s)[0]:
             return
         chunk = os.read(self._events, 65536)
         if not chunk:
