@@ -67,8 +67,7 @@ def _announce_chain(first: str) -> None:
         if record is not None and record.links[:1] == (first,):
             print(
                 f"hpcddp: job {first} is link 1 of chain {record.name}: jobs "
-                f"{','.join(record.links)}, one after another; follow it with `hpcddp status "
-                f"{found.run_dir}`, cancel it with `scancel --name={record.name}`",
+                f"{','.join(record.links)}, one after another; {record.follow(found.run_dir)}",
                 file=sys.stderr,
             )
 

@@ -48,8 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def exit_status(err: HpcddpError) -> int:
-    """Bad input is 2 wherever it is found; a rank that only lost a peer 76 (never
-    the cause);
+    """Bad input is 2 wherever it is found; a rank that only lost a peer 76 (never the cause);
     other errors hpcddp explains are 1."""
     if isinstance(err, USAGE_ERRORS):
         return exit_codes.USAGE

@@ -44,8 +44,8 @@ def _submit_chain(script: str, run_dir: str, slurm: SlurmConfig) -> int:
     record = submit_links(lambda _: submit(script), run_dir, slurm.job_name, slurm.chain)
     print("\n".join(record.links), flush=True)
     print(
-        f"hpcddp: submitted chain {record.name}: {record.size} jobs, one after another; follow "
-        f"it with `hpcddp status {run_dir}`, cancel it with `scancel --name={record.name}`",
+        f"hpcddp: submitted chain {record.name}: {record.size} jobs, one after another; "
+        f"{record.follow(run_dir)}",
         file=sys.stderr,
     )
     return exit_codes.OK

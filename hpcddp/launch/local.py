@@ -151,8 +151,7 @@ def _outcome(failed: tuple[int, int] | None, found: list[error_reports.Report]) 
 def _forward(children: list[forked.ForkedRank], signum: int) -> None:
     """Pass Ctrl-C / SIGTERM on to every child so they can stop cleanly."""
     for child in children:
-        if child.poll() is None:
-            child.send_signal(signum)
+        child.send_signal(signum)  # only to a child still running
 
 
 def _wait(

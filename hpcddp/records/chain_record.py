@@ -34,6 +34,11 @@ class ChainRecord:
         """This job's link number (1 for the first), or None when it is no link of the chain."""
         return self.links.index(job_id) + 1 if job_id and job_id in self.links else None
 
+    def follow(self, run_dir: str | os.PathLike[str]) -> str:
+        """How to follow the chain and cancel all its links, as the submitting commands say it."""
+        status = f"`hpcddp status {run_dir}`"
+        return f"follow it with {status}, cancel it with `scancel --name={self.name}`"
+
     def after(self, job_id: str) -> tuple[str, ...]:
         """The links submitted after this one (what is left when it ends the run)."""
         where = self.position(job_id)

@@ -31,8 +31,10 @@ def measure(cfg: Config) -> dict[str, Any]:
 
     # would fsdp build it whole on each rank before sharding it (`hpcddp.train.fsdp_meta`)?
     meta_built, _ = (None, "") if cfg.dist.fsdp_meta_init == "false" else _quietly(make, cfg)
-    with torch.device("meta"):
-        model = make()
+    model = meta_built
+    if model is None:  # counted on the meta device all the same: no weights allocated
+        with torch.device("meta"):
+            model = make()
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the model factory returned {type(model).__name__}, not a Module")
     quiet = strategy_fsdp.log.level
