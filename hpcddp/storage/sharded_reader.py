@@ -10,18 +10,16 @@ every byte of it, those between its items included, and checks the file's digest
 marker's (`hpcddp.storage.sharded`) at its end; the others seek to their items. A mismatch
 raises `CheckpointError` naming the file (DCP then fails the load on every rank, and resume
 falls back to an older checkpoint; what was already copied into the model is overwritten by
-that one). Each item is deserialised
-from its bytes in memory (DCP writes each tensor as a small ``torch.save`` archive), its
-layout unpickled once for all the items that share it (`stored_tensor`).
+that one). Each item is taken from its bytes in memory (`hpcddp.storage.tensor_archive`).
 """
 
+import collections
 import dataclasses
 import io
+import logging
 import os
 import pathlib
 import pickle
-import struct
-import warnings
 from typing import Any
 
 import torch
@@ -34,7 +32,9 @@ from torch.futures import Future
 from hpcddp.errors import CheckpointError
 from hpcddp.storage import digest
 from hpcddp.storage.sharded import mismatch
+from hpcddp.storage.tensor_archive import HEAD, Layout, known_layout, stored_tensor
 
+log = logging.getLogger(__name__)
 _SKIP_BYTES = 8 << 20  # one scratch buffer for the bytes between a rank's items
 
 
@@ -46,6 +46,7 @@ class VerifyingReader(FileSystemReader):
         super().__init__(path)
         self.digests = digests
         self.layouts: dict[bytes, Layout] = {}  # of this load's items (`stored_tensor`)
+        self.placed = 0  # items read straight into the model's tensors
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The ``.metadata`` in one read, checked against its digest, then unpickled (torch's
@@ -88,6 +89,7 @@ class VerifyingReader(FileSystemReader):
         checks = plan.storage_data if isinstance(plan.storage_data, set) else set(per_file)
         for name, items in per_file.items():
             self._read_file(pathlib.Path(self.path) / name, items, planner, name in checks)
+        log.debug("%d of %d items read straight into place", self.placed, len(plan.items))
         done: Future[None] = Future()
         done.set_result(None)
         return done
@@ -102,8 +104,10 @@ class VerifyingReader(FileSystemReader):
             raise CheckpointError(f"sharded checkpoint {path.parent}: no digest for {path.name}")
         hasher = xxhash.xxh3_128() if expected is not None and check else None
         items = sorted(items, key=lambda i: self.storage_data[i.storage_index].offset)
+        readers = collections.Counter(self.storage_data[i.storage_index].offset for i in items)
         scratch = memoryview(bytearray(_SKIP_BYTES))
-        position, last = 0, (-1, b"")
+        position = 0
+        last: tuple[int, bytes | None] = (-1, b"")
         with open(path, "rb") as handle:  # buffered: read(n) returns n bytes
             for item in items:
                 info = self.storage_data[item.storage_index]
@@ -111,14 +115,60 @@ class VerifyingReader(FileSystemReader):
                     raise CheckpointError(f"{path}: compressed or transformed items unsupported")
                 if info.offset != last[0]:  # two items may read one stored chunk
                     position += _skip(handle, hasher, scratch, info.offset - position)
-                    last = (info.offset, _read(handle, hasher, info.length, path))
+                    alone = readers[info.offset] == 1
+                    last = (info.offset, self._item(handle, hasher, item, info, planner, alone))
                     position += info.length
-                _deliver(item, last[1], planner, self.layouts)
+                if (data := last[1]) is not None:  # else read into place
+                    _deliver(item, data, planner, self.layouts)
             if hasher is not None:
                 _skip(handle, hasher, scratch, None)
         if hasher is not None and f"{digest.XXH3}:{hasher.hexdigest()}" != expected:
             assert expected is not None
             raise CheckpointError(mismatch(path, expected, f"{digest.XXH3}:{hasher.hexdigest()}"))
+
+    def _item(
+        self, handle: Any, hasher: Any, item: Any, info: Any, planner: LoadPlanner, alone: bool
+    ) -> bytes | None:
+        """A stored item's bytes, hashed when verifying; None when its tensor was read straight
+        into the model's: an item only this read item needs, whole, of a layout seen before
+        (`tensor_archive.known_layout`), into a tensor it fits exactly. Reading in place saves
+        allocating, faulting in and copying every byte once more (about half a load's CPU)."""
+        path = pathlib.Path(handle.name)
+        if not alone or item.type == LoadItemType.BYTE_IO or info.length <= HEAD:
+            return _read(handle, hasher, info.length, path)
+        first = _read(handle, hasher, HEAD, path)
+        layout = known_layout(first, self.layouts)
+        target = self._place_for(layout, item, info, planner)
+        if layout is None or target is None:
+            return first + _read(handle, hasher, info.length - HEAD, path)
+        start = len(layout.prefix)
+        place = target.view(-1).view(torch.uint8).numpy().data
+        early = HEAD - start  # the tensor's first bytes, read with the prefix
+        place[:early] = first[start:]
+        if handle.readinto(place[early:]) != layout.nbytes - early:
+            raise CheckpointError(f"sharded checkpoint {path.parent}: {path.name} is truncated")
+        if hasher is not None:
+            hasher.update(place[early:])
+        _read(handle, hasher, info.length - start - layout.nbytes, path)
+        planner.commit_tensor(item, target)
+        self.placed += 1
+        return None
+
+    def _place_for(self, layout: Layout | None, item: Any, info: Any, planner: LoadPlanner) -> Any:
+        """The model's tensor ``item`` loads, when the stored one (of ``layout``) fits it byte
+        for byte and its bytes go on past the first `HEAD` read."""
+        if layout is None or not layout.is_whole():
+            return None
+        end = len(layout.prefix) + layout.nbytes
+        if not HEAD <= end <= info.length:
+            return None
+        if any(item.storage_offsets) or tuple(item.lengths) != layout.size:
+            return None
+        target = planner.resolve_tensor(item).detach()
+        fits = target.device.type == "cpu" and target.is_contiguous() and target.numel() > 0
+        if not fits or target.dtype != layout.dtype or tuple(target.shape) != layout.size:
+            return None
+        return target
 
 
 def _skip(handle: Any, hasher: Any, scratch: memoryview, count: int | None) -> int:
@@ -169,88 +219,4 @@ def _deliver(item: Any, data: bytes, planner: LoadPlanner, layouts: dict) -> Non
     planner.commit_tensor(item, target)
 
 
-def stored_tensor(data: bytes, layouts: dict[bytes, "Layout"]) -> torch.Tensor:
-    """The tensor an item's bytes hold (a ``torch.save`` archive of one tensor), a view of
-    ``data`` where it can be.
-
-    ``torch.load`` takes about 0.5 ms an item (its safe unpickler; a view: 0.012 ms), and a
-    few item layouts (dtype, shape, strides) repeat across a model's blocks. So each distinct
-    pickle is unpickled once, by ``torch.load(weights_only=True)``, and its layout kept: the
-    same pickle bytes describe the same layout, so a later item with them is its storage
-    record, viewed in place (one copy, into the model, after). ``layouts`` keeps them (one
-    load's). Anything unexpected in the archive: ``torch.load``, as DCP itself does.
-    """
-    found = _archive(data)
-    layout = layouts.get(found[0]) if found else None
-    if found is None or layout is None or found[2] != layout.nbytes:
-        tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        if found is not None:
-            layouts[found[0]] = Layout.of(tensor)
-        return tensor
-    with warnings.catch_warnings():  # read-only bytes: only read, then copied into the model
-        warnings.simplefilter("ignore", UserWarning)
-        storage = torch.frombuffer(data, dtype=torch.uint8, count=found[2], offset=found[1])
-    return storage.view(layout.dtype).as_strided(layout.size, layout.stride, layout.offset)
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """How a stored tensor lies in its storage record."""
-
-    dtype: torch.dtype
-    offset: int
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    nbytes: int
-
-    @classmethod
-    def of(cls, tensor: torch.Tensor) -> "Layout":
-        nbytes = tensor.untyped_storage().nbytes()
-        offset, size = int(tensor.storage_offset()), tuple(int(n) for n in tensor.shape)
-        return cls(tensor.dtype, offset, size, tuple(tensor.stride()), nbytes)
-
-
-def _archive(data: bytes) -> tuple[bytes, int, int] | None:
-    """(pickle + byte order, start, length of the one storage record) of a ``torch.save``
-    archive of a single tensor stored uncompressed, read from its zip central directory;
-    None for anything else (zip64, compression, several storages, no byte order)."""
-    end = len(data) - 22  # the end-of-directory record, torch writes no comment
-    if end < 0 or data[end : end + 4] != b"PK\x05\x06":
-        return None
-    count, _, where = struct.unpack_from("<HII", data, end + 10)
-    records = {}
-    for _ in range(count):
-        if data[where : where + 4] != b"PK\x01\x02":
-            return None
-        method, size, stored, names, extra, comment = struct.unpack_from(
-            "<H8xIIHHH", data, where + 10
-        )
-        header = struct.unpack_from("<I", data, where + 42)[0]
-        name = data[where + 46 : where + 46 + names].partition(b"/")[2]
-        if method != 0 or size != stored or 0xFFFFFFFF in (size, header):
-            return None
-        records[name] = (header, size)
-        where += 46 + names + extra + comment
-    if [n for n in records if n.startswith(b"data/")] != [b"data/0"] or b"byteorder" not in records:
-        return None
-    pickle, order = (_record(data, *records[n]) for n in (b"data.pkl", b"byteorder"))
-    start = _record_start(data, records[b"data/0"][0])
-    if pickle is None or order is None or start is None:
-        return None
-    return pickle + order, start, records[b"data/0"][1]
-
-
-def _record_start(data: bytes, header: int) -> int | None:
-    """Where a record's bytes begin, after its local header."""
-    if data[header : header + 4] != b"PK\x03\x04":
-        return None
-    names, extra = struct.unpack_from("<HH", data, header + 26)
-    return header + 30 + names + extra
-
-
-def _record(data: bytes, header: int, size: int) -> bytes | None:
-    start = _record_start(data, header)
-    return None if start is None else data[start : start + size]
-
-
-__all__ = ["Layout", "VerifyingReader", "stored_tensor"]
+__all__ = ["VerifyingReader"]

@@ -1,42 +1,69 @@
-"""The sharded reader takes each stored tensor (a ``torch.save`` archive of one tensor) from its
-bytes; a layout seen before is viewed in place instead of unpickled again, and must give the
-very tensor that was saved, whatever its dtype, strides or offset in its storage."""
+"""The sharded reader reads a stored tensor straight into the model's when it can (its layout
+seen earlier in the load, the model's tensor a fit): the loaded state must be exactly the
+saved one, every byte still checked against the file's digest.
 
-import io
+One process, no process group: DCP's own save, hpcddp's reader for the load."""
+
+import warnings
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
-from hpcddp.storage.sharded_reader import stored_tensor
-
-TENSORS = {
-    "matrix": lambda: torch.randn(3, 4),
-    "transposed": lambda: torch.randn(5, 6).t(),
-    "view at an offset": lambda: torch.randn(10)[2:7],
-    "int64": lambda: torch.arange(6, dtype=torch.int64),
-    "scalar": lambda: torch.tensor(3.0),
-    "bf16": lambda: torch.randn(2, 3).to(torch.bfloat16),
-}
+from hpcddp.errors import CheckpointError
+from hpcddp.storage.sharded import digests_of
+from hpcddp.storage.sharded_reader import VerifyingReader
 
 
-def _saved(tensor: torch.Tensor) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(tensor, buffer)
-    return buffer.getvalue()
+def _state(seed: int) -> dict:
+    """Blocks of one layout (the model's and both AdamW moments), a bias, a step count."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*(torch.nn.Linear(96, 96) for _ in range(4)))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 96)).sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optim": optimizer.state_dict()["state"]}
 
 
-@pytest.mark.parametrize("kind", TENSORS)
-def test_a_layout_seen_before_gives_the_saved_tensor(kind):
-    layouts: dict = {}
-    first, second = TENSORS[kind](), TENSORS[kind]()  # same layout, other values
-    assert torch.equal(stored_tensor(_saved(first), layouts), first)
-    assert len(layouts) == 1  # the second is read from its bytes, not unpickled
-    again = stored_tensor(_saved(second), layouts)
-    assert torch.equal(again, second) and again.dtype == second.dtype
-    assert again.stride() == second.stride()
+def _saved(path) -> tuple[dict, dict[str, str]]:
+    state = _state(0)
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(state, checkpoint_id=path, no_dist=True)
+    return state, digests_of(path, sorted(p.name for p in path.iterdir()))
 
 
-def test_an_archive_of_anything_else_is_left_to_torch_load():
-    pair = [torch.ones(2), torch.zeros(3)]  # two storages: not one tensor's archive
-    loaded = stored_tensor(_saved(pair), {})  # type: ignore[arg-type]
-    assert isinstance(loaded, list) and torch.equal(loaded[1], pair[1])
+def _load(path, digests) -> tuple[dict, VerifyingReader]:
+    state, reader = _state(1), VerifyingReader(path, digests)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return state, reader
+
+
+def _flat(state: dict) -> dict[str, torch.Tensor]:
+    model = {f"model.{k}": v for k, v in state["model"].items()}
+    moments = {f"optim.{i}.{k}": v for i, s in state["optim"].items() for k, v in s.items()}
+    return model | moments
+
+
+def test_tensors_read_in_place_are_the_saved_ones(tmp_path):
+    saved, digests = _saved(tmp_path)
+    loaded, reader = _load(tmp_path, digests)
+    assert reader.placed >= 8  # most of the 4 x 3 weight matrices: their layout seen before
+    for key, tensor in _flat(saved).items():
+        assert torch.equal(_flat(loaded)[key], tensor), key
+
+
+def test_a_flipped_byte_in_a_tensor_read_in_place_fails_the_files_digest(tmp_path):
+    _, digests = _saved(tmp_path)
+    shard = tmp_path / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[-len(data) // 4] ^= 0x01  # inside one of the last weights: read in place
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointException) as failed:  # DCP's, around each rank's error
+        _load(tmp_path, digests)
+    cause = failed.value.failures[0][0]
+    assert isinstance(cause, CheckpointError)
+    assert "__0_0.distcp does not match its digest" in str(cause)
