@@ -12,6 +12,7 @@ reader can then read those straight into the model.
 import dataclasses
 import io
 import struct
+import sys
 import warnings
 
 import torch
@@ -25,7 +26,7 @@ def stored_tensor(data: bytes, layouts: dict[bytes, "Layout"]) -> torch.Tensor:
     layout = layouts.get(found[0]) if found else None
     if found is None or layout is None or found[2] != layout.nbytes:
         tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        if found is not None:
+        if found is not None and found[0].endswith(sys.byteorder.encode()):  # else swapped
             layouts[found[0]] = Layout.of(tensor, bytes(data[: found[1]]))
         return tensor
     with warnings.catch_warnings():  # read-only bytes: only read, then copied into the model

@@ -3,10 +3,13 @@ bytes; a layout seen before is viewed in place instead of unpickled again, and m
 very tensor that was saved, whatever its dtype, strides or offset in its storage."""
 
 import io
+import sys
+import types
 
 import pytest
 import torch
 
+from hpcddp.storage import tensor_archive
 from hpcddp.storage.tensor_archive import HEAD, Layout, known_layout, stored_tensor
 
 TENSORS = {
@@ -67,3 +70,12 @@ def test_an_archive_of_another_layout_is_not_known():
 )
 def test_a_layout_is_whole_only_when_the_tensor_is_its_storage_in_order(kind, whole):
     assert Layout.of(TENSORS[kind]()).is_whole() is whole
+
+
+def test_a_tensor_saved_in_the_other_byte_order_is_never_viewed_raw(monkeypatch):
+    saved = torch.arange(4, dtype=torch.int32)  # saved here, read as by a host of the other order
+    other = "big" if sys.byteorder == "little" else "little"
+    monkeypatch.setattr(tensor_archive, "sys", types.SimpleNamespace(byteorder=other))
+    layouts: dict = {}
+    assert torch.equal(stored_tensor(_saved(saved), layouts), saved)  # torch.load swaps
+    assert layouts == {}  # so no later archive is viewed (or read into place) unswapped
