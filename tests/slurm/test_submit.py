@@ -14,7 +14,7 @@ from hpcddp.outcome import StopReason
 from hpcddp.run_files import read_summary
 from hpcddp.slurm import submission
 from tests.fixtures.helpers import QUICK, REPO, run_cli, summary, wait_until
-from tests.fixtures.resume_proof import resumed_in_metrics
+from tests.fixtures.resume_proof import prove_resumed, resumed_in_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -191,11 +191,12 @@ def test_a_rank_death_in_a_submitted_chains_link_ends_its_result_and_the_next_li
     assert "link 1:" in chain and "link 2:" in chain and "completed the run" in chain, chain
 
 
-def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path, strategy):
     run_dir = tmp_path / "run"
     job = hpcddp.submit(
         "examples/quickstart.yaml",
-        [f"run.dir={run_dir}", *PACED, "train.epochs=8"],
+        [f"run.dir={run_dir}", *PACED, "train.epochs=8", f"dist.strategy={strategy}"],
         nodes=1,
         tasks_per_node=2,
     )
@@ -211,6 +212,10 @@ def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path
     assert "Restarts=1" in cluster.run("scontrol", "show", "job", job.job_id).stdout
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert "requeued" in log and "resumed from step" in log
+    (resumed_at,) = prove_resumed(run_dir, resumes=1, log_every_steps=25)  # where it stopped
+    assert f"preempted at step {resumed_at}, checkpoint saved" in log
+    kind = {"ddp": "step-*.pt", "fsdp": "step-*.dcp"}[strategy]  # each rank's shards, or whole
+    assert any((run_dir / "checkpoints").glob(kind)), sorted((run_dir / "checkpoints").iterdir())
 
 
 def test_scancel_stops_a_running_job_for_good(cluster, tmp_path):
