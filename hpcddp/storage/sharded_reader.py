@@ -10,7 +10,9 @@ every byte of it, those between its items included, and checks the file's digest
 marker's (`hpcddp.storage.sharded`) at its end; the others seek to their items. A mismatch
 raises `CheckpointError` naming the file (DCP then fails the load on every rank, and resume
 falls back to an older checkpoint; what was already copied into the model is overwritten by
-that one). Each item is taken from its bytes in memory (`hpcddp.storage.tensor_archive`).
+that one). A tensor whose layout the load has seen is read straight into the model's tensor
+when it fits it exactly; any other item is taken from its bytes in memory
+(`hpcddp.storage.tensor_archive`).
 """
 
 import collections
@@ -131,8 +133,8 @@ class VerifyingReader(FileSystemReader):
     ) -> bytes | None:
         """A stored item's bytes, hashed when verifying; None when its tensor was read straight
         into the model's: an item only this read item needs, whole, of a layout seen before
-        (`tensor_archive.known_layout`), into a tensor it fits exactly. Reading in place saves
-        allocating, faulting in and copying every byte once more (about half a load's CPU)."""
+        (`tensor_archive.known_layout`), into a tensor it fits exactly: one copy of its bytes,
+        as a raw read makes, instead of a new buffer faulted in and a copy out of it."""
         path = pathlib.Path(handle.name)
         if not alone or item.type == LoadItemType.BYTE_IO or info.length <= HEAD:
             return _read(handle, hasher, info.length, path)

@@ -11,6 +11,7 @@ reader can then read those straight into the model.
 
 import dataclasses
 import io
+import math
 import struct
 import sys
 import warnings
@@ -63,19 +64,12 @@ class Layout:
 
     def is_whole(self) -> bool:
         """Whether the tensor is its storage, front to back (row-major, nothing around it)."""
-        expected: list[int] = []
-        stride = 1
-        for n in reversed(self.size):
-            expected.insert(0, stride)
-            stride *= n
-        whole = stride * self.dtype.itemsize == self.nbytes
+        row_major = [math.prod(self.size[d + 1 :]) for d in range(len(self.size))]
+        strides = zip(self.size, self.stride, row_major, strict=True)
         return (
             self.offset == 0
-            and whole
-            and all(
-                n == 1 or got == want
-                for n, got, want in zip(self.size, self.stride, expected, strict=True)
-            )
+            and math.prod(self.size) * self.dtype.itemsize == self.nbytes
+            and all(n == 1 or s == r for n, s, r in strides)
         )
 
     @classmethod
