@@ -118,7 +118,10 @@ class VerifyingReader(FileSystemReader):
                 if info.offset != last[0]:  # two items may read one stored chunk
                     position += _skip(handle, hasher, scratch, info.offset - position)
                     alone = readers[info.offset] == 1
-                    last = (info.offset, self._item(handle, hasher, item, info, planner, alone))
+                    last = (
+                        info.offset,
+                        self._item(handle, path, hasher, item, info, planner, alone),
+                    )
                     position += info.length
                 if (data := last[1]) is not None:  # else read into place
                     _deliver(item, data, planner, self.layouts)
@@ -129,13 +132,19 @@ class VerifyingReader(FileSystemReader):
             raise CheckpointError(mismatch(path, expected, f"{digest.XXH3}:{hasher.hexdigest()}"))
 
     def _item(
-        self, handle: Any, hasher: Any, item: Any, info: Any, planner: LoadPlanner, alone: bool
+        self,
+        handle: Any,
+        path: pathlib.Path,
+        hasher: Any,
+        item: Any,
+        info: Any,
+        planner: LoadPlanner,
+        alone: bool,
     ) -> bytes | None:
         """A stored item's bytes, hashed when verifying; None when its tensor was read straight
         into the model's: an item only this read item needs, whole, of a layout seen before
         (`tensor_archive.known_layout`), into a tensor it fits exactly: one copy of its bytes,
         as a raw read makes, instead of a new buffer faulted in and a copy out of it."""
-        path = pathlib.Path(handle.name)
         if not alone or item.type == LoadItemType.BYTE_IO or info.length <= HEAD:
             return _read(handle, hasher, info.length, path)
         first = _read(handle, hasher, HEAD, path)

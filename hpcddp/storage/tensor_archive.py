@@ -18,6 +18,8 @@ import warnings
 
 import torch
 
+HEAD = 4096  # an item's first bytes read alone: its pickle and headers, before the tensor's
+
 
 def stored_tensor(data: bytes, layouts: dict[bytes, "Layout"]) -> torch.Tensor:
     """The tensor an item's bytes hold (a ``torch.save`` archive of one tensor), a view of
@@ -34,9 +36,6 @@ def stored_tensor(data: bytes, layouts: dict[bytes, "Layout"]) -> torch.Tensor:
         warnings.simplefilter("ignore", UserWarning)
         storage = torch.frombuffer(data, dtype=torch.uint8, count=found[2], offset=found[1])
     return storage.view(layout.dtype).as_strided(layout.size, layout.stride, layout.offset)
-
-
-HEAD = 4096  # an item's first bytes read alone: its pickle and headers, before the tensor's
 
 
 def known_layout(first: bytes, layouts: dict[bytes, "Layout"]) -> "Layout | None":

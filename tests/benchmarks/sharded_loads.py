@@ -48,6 +48,8 @@ from tests.benchmarks.checkpoints import evict
 from tests.fixtures.sharded_transformer import TinyTransformer
 
 ARMS = ("raw", "same-size load", "not verified", "resharded load", "torch's reader")
+TARGETS = {"same-size load": ("raw", 1.25), "resharded load": ("same-size load", 1.5)}
+BASES = {"not verified": "raw", "torch's reader": "raw"}
 
 
 def _trained(
@@ -181,10 +183,6 @@ def _spawn(world: int, args: argparse.Namespace, root: str) -> dict:
     out = mp.Manager().dict()
     mp.spawn(_rank, args=(world, args, root, out), nprocs=world, join=True)
     return dict(out)
-
-
-TARGETS = {"same-size load": ("raw", 1.25), "resharded load": ("same-size load", 1.5)}
-BASES = {"not verified": "raw", "torch's reader": "raw"}
 
 
 def _measure(args: argparse.Namespace, width: int) -> None:
