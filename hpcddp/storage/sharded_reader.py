@@ -107,60 +107,47 @@ class VerifyingReader(FileSystemReader):
         hasher = xxhash.xxh3_128() if expected is not None and check else None
         items = sorted(items, key=lambda i: self.storage_data[i.storage_index].offset)
         readers = collections.Counter(self.storage_data[i.storage_index].offset for i in items)
-        scratch = memoryview(bytearray(_SKIP_BYTES))
         position = 0
         last: tuple[int, bytes | None] = (-1, b"")
         with open(path, "rb") as handle:  # buffered: read(n) returns n bytes
+            shard = _ShardFile(handle, path, hasher)
             for item in items:
                 info = self.storage_data[item.storage_index]
                 if getattr(info, "transform_descriptors", None):
                     raise CheckpointError(f"{path}: compressed or transformed items unsupported")
                 if info.offset != last[0]:  # two items may read one stored chunk
-                    position += _skip(handle, hasher, scratch, info.offset - position)
+                    position += shard.skip(info.offset - position)
                     alone = readers[info.offset] == 1
-                    last = (
-                        info.offset,
-                        self._item(handle, path, hasher, item, info, planner, alone),
-                    )
+                    last = (info.offset, self._item(shard, item, info, planner, alone))
                     position += info.length
                 if (data := last[1]) is not None:  # else read into place
                     _deliver(item, data, planner, self.layouts)
             if hasher is not None:
-                _skip(handle, hasher, scratch, None)
+                shard.skip(None)
         if hasher is not None and f"{digest.XXH3}:{hasher.hexdigest()}" != expected:
             assert expected is not None
             raise CheckpointError(mismatch(path, expected, f"{digest.XXH3}:{hasher.hexdigest()}"))
 
     def _item(
-        self,
-        handle: Any,
-        path: pathlib.Path,
-        hasher: Any,
-        item: Any,
-        info: Any,
-        planner: LoadPlanner,
-        alone: bool,
+        self, shard: "_ShardFile", item: Any, info: Any, planner: LoadPlanner, alone: bool
     ) -> bytes | None:
         """A stored item's bytes, hashed when verifying; None when its tensor was read straight
         into the model's: an item only this read item needs, whole, of a layout seen before
         (`tensor_archive.known_layout`), into a tensor it fits exactly: one copy of its bytes,
         as a raw read makes, instead of a new buffer faulted in and a copy out of it."""
         if not alone or item.type == LoadItemType.BYTE_IO or info.length <= HEAD:
-            return _read(handle, hasher, info.length, path)
-        first = _read(handle, hasher, HEAD, path)
+            return shard.read(info.length)
+        first = shard.read(HEAD)
         layout = known_layout(first, self.layouts)
         target = self._place_for(layout, item, info, planner)
         if layout is None or target is None:
-            return first + _read(handle, hasher, info.length - HEAD, path)
+            return first + shard.read(info.length - HEAD)
         start = len(layout.prefix)
         place = target.view(-1).view(torch.uint8).numpy().data
         early = HEAD - start  # the tensor's first bytes, read with the prefix
         place[:early] = first[start:]
-        if handle.readinto(place[early:]) != layout.nbytes - early:
-            raise CheckpointError(f"sharded checkpoint {path.parent}: {path.name} is truncated")
-        if hasher is not None:
-            hasher.update(place[early:])
-        _read(handle, hasher, info.length - start - layout.nbytes, path)
+        shard.read_into(place[early:])
+        shard.read(info.length - start - layout.nbytes)
         planner.commit_tensor(item, target)
         self.placed += 1
         return None
@@ -182,34 +169,57 @@ class VerifyingReader(FileSystemReader):
         return target
 
 
-def _skip(handle: Any, hasher: Any, scratch: memoryview, count: int | None) -> int:
-    """Read past ``count`` bytes (None: to the end), hashing them when verifying."""
-    if count is not None and count < 0:
-        raise CheckpointError("overlapping items in a shard file: not written by DCP")
-    if hasher is None and count is not None:
-        if count:  # a seek drops the read buffer: only past a gap
-            handle.seek(count, io.SEEK_CUR)
-        return count
-    total = 0
-    while count is None or total < count:
-        want = len(scratch) if count is None else min(len(scratch), count - total)
-        n = handle.readinto(scratch[:want])
-        if not n:
-            break
-        hasher.update(scratch[:n])
-        total += n
-    return total
+@dataclasses.dataclass
+class _ShardFile:
+    """One shard file being read front to back: every byte read goes through ``hasher`` when
+    this rank verifies the file (None: it does not)."""
 
+    handle: Any
+    path: pathlib.Path
+    hasher: Any
+    scratch: memoryview = dataclasses.field(
+        default_factory=lambda: memoryview(bytearray(_SKIP_BYTES))
+    )
 
-def _read(handle: Any, hasher: Any, length: int, path: pathlib.Path) -> bytes:
-    """Exactly ``length`` bytes (a short file is a truncated one), hashed when verifying: one
-    copy from the kernel, shared (not copied) by the ``BytesIO`` that deserialises it."""
-    data = handle.read(length)
-    if len(data) < length:
-        raise CheckpointError(f"sharded checkpoint {path.parent}: {path.name} is truncated")
-    if hasher is not None:
-        hasher.update(data)
-    return data
+    def read(self, length: int) -> bytes:
+        """Exactly ``length`` bytes: one copy from the kernel, shared (not copied) by the
+        ``BytesIO`` that deserialises it."""
+        data = self.handle.read(length)
+        if len(data) < length:
+            raise self._truncated()
+        if self.hasher is not None:
+            self.hasher.update(data)
+        return data
+
+    def read_into(self, place: memoryview) -> None:
+        """Fill ``place`` with the next bytes of the file."""
+        if self.handle.readinto(place) != len(place):
+            raise self._truncated()
+        if self.hasher is not None:
+            self.hasher.update(place)
+
+    def skip(self, count: int | None) -> int:
+        """Read past ``count`` bytes (None: to the end), hashing them when verifying."""
+        if count is not None and count < 0:
+            raise CheckpointError("overlapping items in a shard file: not written by DCP")
+        if self.hasher is None and count is not None:
+            if count:  # a seek drops the read buffer: only past a gap
+                self.handle.seek(count, io.SEEK_CUR)
+            return count
+        total = 0
+        while count is None or total < count:
+            want = len(self.scratch) if count is None else min(len(self.scratch), count - total)
+            n = self.handle.readinto(self.scratch[:want])
+            if not n:
+                break
+            self.hasher.update(self.scratch[:n])
+            total += n
+        return total
+
+    def _truncated(self) -> CheckpointError:
+        return CheckpointError(
+            f"sharded checkpoint {self.path.parent}: {self.path.name} is truncated"
+        )
 
 
 def _deliver(item: Any, data: bytes, planner: LoadPlanner, layouts: dict) -> None:
