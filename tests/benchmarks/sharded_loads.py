@@ -23,7 +23,7 @@ another does not.
 
 Targets (issue 24 item 7): load <= 1.25x raw; resharded <= 1.5x same-size.
 
-``python -m tests.benchmarks.sharded_loads [--widths 512 1024] [--layers 8] [--runs 5] [--quick]``
+``python -m tests.benchmarks.sharded_loads [--widths 512 1024 1280] [--layers 8] [--runs 5] [--quick]``
 """
 
 import argparse
@@ -213,7 +213,7 @@ def _measure(args: argparse.Namespace, width: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.sharded_loads")
-    parser.add_argument("--widths", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--widths", type=int, nargs="+", default=[512, 1024, 1280])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="a small model, one run")
