@@ -23,7 +23,8 @@ another does not.
 
 Targets (issue 24 item 7): load <= 1.25x raw; resharded <= 1.5x same-size.
 
-``python -m tests.benchmarks.sharded_loads [--widths 512 1024 1280] [--layers 8] [--runs 5] [--quick]``
+``python -m tests.benchmarks.sharded_loads [--widths 512 1024 1280] [--layers 8] [--runs 5]
+[--quick]``
 """
 
 import argparse

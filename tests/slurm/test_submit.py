@@ -35,6 +35,7 @@ PACED = [
     "model.kwargs={sleep_s: 0.05}",
     "data.kwargs={train_size: 2048, eval_size: 64}",
 ]
+CHECKPOINTS = {"ddp": "step-*.pt", "fsdp": "step-*.dcp"}  # whole, or each rank's shards
 STATUS_KEYS = ("job", "state", "nodes", "run dir", "summary.json", "output")
 
 
@@ -142,20 +143,24 @@ def test_cli_submit_prints_the_id_and_does_not_wait(cluster, tmp_path):
     assert summary(run_dir)["steps"] == 3
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_rank_death_in_a_submitted_chains_link_ends_its_result_and_the_next_link_resumes(
-    cluster, tmp_path
+    cluster, tmp_path, strategy
 ):
     """A chain through `hpcddp.submit` (what ``hpcddp submit ... slurm.chain=2`` calls): rank 1
     of the first link dies hard at step 10 (SIGKILL: no result file, and no accounting here),
     so job.result() must still end (submitit#1720); no job script tells the failure under
     submitit, and the next link tries again: it resumes from the step-8 checkpoint and
-    completes the run."""
+    completes the run. Under fsdp the save is waited for: every rank's shards of step 8, still
+    being written in the background at step 10, would leave a torn checkpoint that resume
+    rightly skips (tests/local/test_fsdp.py tests that)."""
     run_dir = tmp_path / "run"
     job = hpcddp.submit(
         "examples/quickstart.yaml",
         [
             f"run.dir={run_dir}", *QUICK, "train.checkpoint_every_steps=4",
-            "train.log_every_steps=1", "slurm.chain=2",
+            "train.log_every_steps=1", "slurm.chain=2", f"dist.strategy={strategy}",
+            f"train.checkpoint_async={str(strategy == 'ddp').lower()}",
             "model.factory=tests.fixtures.dies_in_first_job:make_model",
             f"model.kwargs={{rank: 1, at_call: 10, marker_dir: {tmp_path}}}",
         ],
@@ -189,6 +194,8 @@ def test_a_rank_death_in_a_submitted_chains_link_ends_its_result_and_the_next_li
     )
     chain = run_cli("status", str(run_dir), env=cluster.cli_env, timeout=60).stdout
     assert "link 1:" in chain and "link 2:" in chain and "completed the run" in chain, chain
+    written = (run_dir / "checkpoints").glob(CHECKPOINTS[strategy])
+    assert any(written), sorted((run_dir / "checkpoints").iterdir())
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -214,8 +221,8 @@ def test_preempted_job_requeues_and_result_waits_for_the_rerun(cluster, tmp_path
     assert "requeued" in log and "resumed from step" in log
     (resumed_at,) = prove_resumed(run_dir, resumes=1, log_every_steps=25)  # where it stopped
     assert f"preempted at step {resumed_at}, checkpoint saved" in log
-    kind = {"ddp": "step-*.pt", "fsdp": "step-*.dcp"}[strategy]  # each rank's shards, or whole
-    assert any((run_dir / "checkpoints").glob(kind)), sorted((run_dir / "checkpoints").iterdir())
+    written = (run_dir / "checkpoints").glob(CHECKPOINTS[strategy])
+    assert any(written), sorted((run_dir / "checkpoints").iterdir())
 
 
 def test_scancel_stops_a_running_job_for_good(cluster, tmp_path):
