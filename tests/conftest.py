@@ -81,7 +81,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     longest = {name: rank for rank, name in enumerate(longest_tests())}
     quiet = [item for item in items if item.get_closest_marker("quiet")]
     first = sorted(
-        (item for item in items if item.nodeid in longest), key=lambda item: longest[item.nodeid]
+        (item for item in items if _listed(item, longest) is not None),
+        key=lambda item: _listed(item, longest),
     )
     placed = {id(item) for item in (*quiet, *first)}
     tiers: dict[str, list[pytest.Item]] = {}
@@ -97,6 +98,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         ordered += sorted(tiers.pop(name, []), key=lambda item: not item.get_closest_marker("slow"))
     ordered += [item for rest in tiers.values() for item in rest]
     items[:] = ordered + quiet
+
+
+def _listed(item: pytest.Item, longest: dict[str, int]) -> int | None:
+    """The test's place in tests/longest.txt: by its id, or (every case of a parametrized
+    test) by its id without the parameters."""
+    return longest.get(item.nodeid, longest.get(item.nodeid.partition("[")[0]))
 
 
 def longest_tests() -> list[str]:

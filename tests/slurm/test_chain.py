@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.fixtures.helpers import ENDED, QUICK, REPO, run_cli, summary
+from tests.fixtures.helpers import ENDED, QUICK, REPO, SHARDED, run_cli, summary
 from tests.fixtures.resume_proof import prove_resumed
 from tests.fixtures.tracker_reads import mlflow_holds, tensorboard_holds, wandb_holds
 
@@ -31,8 +31,7 @@ WORK = [
     "model.kwargs={rank: 0, delay_s: 0.8}",
     "slurm.signal_delay_s=0",
     "train.stop_before_end_s=15",
-    "dist.strategy=fsdp",
-    "dist.fsdp_blocks=[Linear]",  # the quickstart MLP's layers: its blocks
+    *SHARDED,
 ]
 # Links enough that some are left to cancel even on a loaded machine (2 or 3 usually run; one
 # left pending costs nothing).

@@ -18,7 +18,7 @@ import pytest
 
 from hpcddp import exit_codes
 from hpcddp.records import attempts
-from tests.fixtures.helpers import QUICK, summary, wait_until
+from tests.fixtures.helpers import QUICK, SHARDED, summary, wait_until
 from tests.fixtures.resume_proof import prove_resumed, recovered_in_order
 from tests.fixtures.webhook import Receiver
 from tests.slurm.test_bad_node import job_fields
@@ -41,8 +41,7 @@ def test_a_hung_rank_is_named_with_its_stacks_and_the_job_goes_on_without_its_no
             "train.checkpoint_every_steps=4",
             "train.log_every_steps=1",
             "dist.hang_timeout_s=20",
-            "dist.strategy=fsdp",
-            "dist.fsdp_blocks=[Linear]",  # the quickstart MLP's layers: its blocks
+            *SHARDED,
             "model.factory=tests.fixtures.hang_node:make_model",
             f"model.kwargs={{host_file: {hang_host}, at_call: 10, rank: 1}}",
             f"notify.url={receiver.url}",

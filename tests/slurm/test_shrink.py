@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.fixtures.helpers import QUICK, summary
+from tests.fixtures.helpers import QUICK, SHARDED, summary
 from tests.fixtures.resume_proof import prove_resumed
 from tests.fixtures.webhook import Receiver
 
@@ -43,8 +43,7 @@ def test_a_dead_node_with_no_spare_shrinks_the_run_onto_the_node_left(slurm_clus
             "slurm.nodes=2",
             "slurm.shrink_on_failure=true",
             "slurm.min_nodes=1",
-            "dist.strategy=fsdp",
-            "dist.fsdp_blocks=[Linear]",
+            *SHARDED,
             f"notify.url={receiver.url}",
             options=("--ntasks-per-node=1", "--job-name=shrink"),
         )

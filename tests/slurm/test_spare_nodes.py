@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.fixtures.helpers import QUICK, run_cli, summary
+from tests.fixtures.helpers import QUICK, SHARDED, run_cli, summary
 from tests.fixtures.resume_proof import prove_resumed, recovered_in_order
 from tests.fixtures.webhook import Receiver
 
@@ -27,8 +27,7 @@ RUN = [
     "train.checkpoint_every_steps=4",
     "train.log_every_steps=1",
     "model.factory=tests.fixtures.dying_node:make_model",
-    "dist.strategy=fsdp",
-    "dist.fsdp_blocks=[Linear]",  # the quickstart MLP's layers: its blocks
+    *SHARDED,
 ]
 
 

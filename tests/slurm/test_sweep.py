@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.fixtures.helpers import QUICKSTART, REPO, run_cli
+from tests.fixtures.helpers import QUICKSTART, REPO, SHARDED, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +29,7 @@ SETTINGS = (
     "train.log_every_steps=4",
     "slurm.max_failures=0",
     "model.factory=tests.fixtures.dies_once:make_model",
-    "dist.strategy=fsdp",
-    "dist.fsdp_blocks=[Linear]",  # the quickstart MLP's layers: its blocks
+    *SHARDED,
 )
 GRID = ("--grid", "optim.lr=0.001,0.003", "--grid", "model.kwargs.die_at_call=0,20")
 DYING = (1, 3)  # lr first (slowest), die_at_call second

@@ -8,14 +8,13 @@ import sys
 import pytest
 
 import hpcddp
-from tests.fixtures.helpers import ENDED, QUICK, REPO, summary
+from tests.fixtures.helpers import ENDED, QUICK, REPO, SHARDED, summary
 
 pytestmark = pytest.mark.slow
 
 CONFIG = "examples/quickstart.yaml"
 GEOMETRY = ["--nodes=2", "--ntasks-per-node=2"]
-# the quickstart MLP sharded, its Linear layers the blocks
-SHARDED = [*QUICK, "dist.strategy=fsdp", "dist.fsdp_blocks=[Linear]"]
+OVERRIDES = [*QUICK, *SHARDED]
 
 
 @pytest.fixture
@@ -28,7 +27,9 @@ def cluster(slurm_cluster, monkeypatch, tmp_path):
 
 def test_sbatch_submit_and_salloc_srun_end_with_the_same_weights(cluster, tmp_path):
     # hpcddp.submit does not wait, so this job runs while the two below are started.
-    job = hpcddp.submit(CONFIG, [f"run.dir={tmp_path}/submit", *SHARDED], nodes=2, tasks_per_node=2)
+    job = hpcddp.submit(
+        CONFIG, [f"run.dir={tmp_path}/submit", *OVERRIDES], nodes=2, tasks_per_node=2
+    )
     batch = cluster.run(  # not waited for: it trains while salloc's job does
         "sbatch",
         "--parsable",
@@ -37,7 +38,7 @@ def test_sbatch_submit_and_salloc_srun_end_with_the_same_weights(cluster, tmp_pa
         "sbatch/train.sh",
         CONFIG,
         f"run.dir={tmp_path}/sbatch",
-        *SHARDED,
+        *OVERRIDES,
         timeout=300,
     )
     cluster.run(
@@ -50,7 +51,7 @@ def test_sbatch_submit_and_salloc_srun_end_with_the_same_weights(cluster, tmp_pa
         "train",
         CONFIG,
         f"run.dir={tmp_path}/salloc",
-        *SHARDED,
+        *OVERRIDES,
         timeout=300,
     )
     ended = cluster.wait_for(batch.stdout.strip(), ENDED, timeout=300)

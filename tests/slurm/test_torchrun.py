@@ -2,18 +2,22 @@
 
 The same config at the same world size must train to the same weights whichever launcher
 numbered the ranks, so a torchrun job (one task per node) is checked against an srun job
-(one task per rank) bit for bit.
+(one task per rank) bit for bit, whole (ddp) and sharded (fsdp).
 """
 
 import sys
 
 import pytest
 
-from tests.fixtures.helpers import ENDED, QUICK, REPO, summary
+from tests.fixtures.helpers import ENDED, QUICK, REPO, SHARDED, summary
+
+STRATEGIES = {"ddp": [], "fsdp": SHARDED}  # each one's config overrides
+CHECKPOINT = {"ddp": ".pt", "fsdp": ".dcp"}  # whole, or every rank's shards
 
 
-def submit(cluster, tmp_path, script: str, run_dir, *options: str) -> str:
-    """Submit ``script`` with the quick config into ``run_dir``; return the job id."""
+def submit(cluster, tmp_path, script: str, run_dir, *options: str, overrides=()) -> str:
+    """Submit ``script`` with the quick config (and ``overrides``) into ``run_dir``; return the
+    job id."""
     done = cluster.run(
         "sbatch",
         "--parsable",
@@ -24,6 +28,7 @@ def submit(cluster, tmp_path, script: str, run_dir, *options: str) -> str:
         "examples/quickstart.yaml",
         f"run.dir={run_dir}",
         *QUICK,
+        *overrides,
         cwd=REPO,
     )
     return done.stdout.strip().split(";")[0]
@@ -39,7 +44,8 @@ def finish(cluster, tmp_path, job_id: str) -> str:
 
 
 @pytest.mark.slow
-def test_torchrun_two_nodes_matches_srun_weights(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_torchrun_two_nodes_matches_srun_weights(slurm_cluster, tmp_path, strategy):
     # Both jobs fit on the cluster at once (2 CPUs per node each), so they run side by side.
     torchrun_job = submit(
         slurm_cluster,
@@ -49,6 +55,7 @@ def test_torchrun_two_nodes_matches_srun_weights(slurm_cluster, tmp_path):
         "--nodes=2",
         "--cpus-per-task=2",  # one rank per CPU of the node's task: 2 per node
         "--job-name=itest-torchrun",
+        overrides=STRATEGIES[strategy],
     )
     srun_job = submit(
         slurm_cluster,
@@ -58,6 +65,7 @@ def test_torchrun_two_nodes_matches_srun_weights(slurm_cluster, tmp_path):
         "--nodes=2",
         "--ntasks-per-node=2",
         "--job-name=itest-srun",
+        overrides=STRATEGIES[strategy],
     )
     output = finish(slurm_cluster, tmp_path, torchrun_job)
     finish(slurm_cluster, tmp_path, srun_job)
@@ -72,3 +80,6 @@ def test_torchrun_two_nodes_matches_srun_weights(slurm_cluster, tmp_path):
     assert srun["world_size"] == 4 and srun["launcher"] == "slurm"
     assert torchrun["steps"] == srun["steps"]
     assert torchrun["weights_sha256"] == srun["weights_sha256"]
+    for run in ("torchrun", "srun"):
+        written = {c.suffix for c in (tmp_path / run / "checkpoints").iterdir()}
+        assert written & set(CHECKPOINT.values()) == {CHECKPOINT[strategy]}, (run, written)

@@ -115,3 +115,17 @@ def test_the_quiet_tests_start_last_and_the_slow_unit_tests_before_the_quick_one
     items = [quiet, quick, slow, local]
     pytest_collection_modifyitems(items)
     assert items == [local, slow, quick, quiet]
+
+
+def test_every_case_of_a_longest_test_listed_without_parameters_starts_first(monkeypatch):
+    listed = "tests/slurm/test_x.py::t"
+    monkeypatch.setattr("tests.conftest.longest_tests", lambda: [listed])
+    other, ddp, fsdp = (_Item("tests/slurm/test_x.py") for _ in range(3))
+    other.nodeid, ddp.nodeid, fsdp.nodeid = (
+        "tests/slurm/test_x.py::u",
+        f"{listed}[ddp]",
+        f"{listed}[fsdp]",
+    )
+    items = [other, ddp, fsdp]
+    pytest_collection_modifyitems(items)
+    assert items == [ddp, fsdp, other]
