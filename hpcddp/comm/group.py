@@ -221,10 +221,27 @@ class Leaving(enum.Enum):
     ALONE = "alone"  # a failure: peers may be dead or hung; wait for nobody
 
 
+_LAST_LEFT: list[object] = []  # the groups this process left last: see `_outlive_them`
+
+
+def _outlive_them() -> None:
+    """Keep the groups about to be destroyed referenced until the next leaving (or the end of
+    the process), so that neither destroying them nor dropping the DDP model that holds one
+    runs a group's destructor now. A gloo group's destructor joins its worker threads while
+    holding the GIL, and a worker still dropping the last collective's work needs the GIL to
+    release the Python state that work captured: a deadlock that left a rank hung for good
+    after a finished run (pytorch#75097, #56297; here within 50 two-rank DDP runs in a row,
+    `tests/local/test_leaving_groups.py`). By the next leaving, or the interpreter's end,
+    every worker is idle and joins at once."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    _LAST_LEFT[:] = list(getattr(world, "pg_map", None) or ())
+
+
 def abandon() -> None:
     """Leave after a failure: abort every group rather than destroy it. Destroying an NCCL
     group waits for its collectives, and one stuck on a dead or hung peer would hold this rank
     until NCCL's watchdog kills it (SIGABRT), before its error was ever printed."""
+    _outlive_them()
     try:
         dist.distributed_c10d._abort_process_group()
     except (RuntimeError, ValueError):  # a backend that cannot abort: destroy, as before
@@ -249,6 +266,7 @@ def leave_together(how: Leaving, timeout_s: float = 60.0) -> None:
     if how is Leaving.ALONE:
         abandon()
         return
+    _outlive_them()
     if dist.get_world_size() == 1:
         dist.destroy_process_group()
         return
