@@ -8,7 +8,7 @@ import pytest
 
 from tests.fixtures.helpers import REPO
 
-GROUPS = 200  # without the fix, ranks hung within the first 50 in every try (2-core VM)
+GROUPS = 100  # without the fix, ranks hung within the first 50 in every try (2-core VM)
 
 
 @pytest.mark.slow
