@@ -41,7 +41,7 @@ SHA256 = "sha256"  # a bare hex token: no prefix in the sidecar
 WRITTEN = XXH3
 SCHEMES = {XXH3: 32, SHA256_CHUNKS: 64, SHA256: 64}  # scheme: hex digits of its digest
 CHUNK_BYTES = 16 << 20
-_READ_BYTES = 8 << 20  # one buffer, refilled: verifying holds no copy of the file
+READ_BYTES = 8 << 20  # one buffer, refilled: verifying holds no copy of the file
 _THREADS = 2
 
 
@@ -72,21 +72,21 @@ def of_file(
         hexdigest, size = _sha256_chunks_of(path)
         return f"{SHA256_CHUNKS}:{hexdigest}", size
     hasher = xxhash.xxh3_128() if scheme == XXH3 else hashlib.sha256()
-    scratch = memoryview(bytearray(_READ_BYTES))
+    scratch = memoryview(bytearray(READ_BYTES))
     with open(path, "rb", buffering=0) as handle:
         size = 0
         for piece in into if scheme == XXH3 else ():
             if piece.offset < size:
                 raise ValueError(f"pieces out of file order or overlapping at {piece.offset}")
-            size += _read_hashing(handle, hasher, scratch, piece.offset - size, reuse=True)
+            size += read_hashing(handle, hasher, scratch, piece.offset - size, reuse=True)
             if size < piece.offset:
                 break  # the file ends before this piece: truncated, and the digest says so
-            size += _read_hashing(handle, hasher, piece.buffer, len(piece.buffer))
-        size += _read_hashing(handle, hasher, scratch, None, reuse=True)
+            size += read_hashing(handle, hasher, piece.buffer, len(piece.buffer))
+        size += read_hashing(handle, hasher, scratch, None, reuse=True)
     return (f"{XXH3}:" if scheme == XXH3 else "") + hasher.hexdigest(), size
 
 
-def _read_hashing(handle, hasher, buffer: memoryview, count: int | None, reuse=False) -> int:
+def read_hashing(handle, hasher, buffer: memoryview, count: int | None, reuse=False) -> int:
     """Read ``count`` bytes (None: to the end of the file) into ``buffer`` and hash them, a
     chunk at a time (the disk reads ahead while a chunk is hashed). ``reuse``: refill the
     buffer from its start for each chunk; otherwise fill it once, front to back. Returns the
@@ -94,7 +94,7 @@ def _read_hashing(handle, hasher, buffer: memoryview, count: int | None, reuse=F
     total = 0
     while count is None or total < count:
         start = 0 if reuse else total
-        want = _READ_BYTES if count is None else min(_READ_BYTES, count - total)
+        want = READ_BYTES if count is None else min(READ_BYTES, count - total)
         chunk = buffer[start : start + want]
         n = handle.readinto(chunk)
         if not n:

@@ -37,7 +37,6 @@ from hpcddp.storage.sharded import mismatch
 from hpcddp.storage.tensor_archive import HEAD, Layout, known_layout, stored_tensor
 
 log = logging.getLogger(__name__)
-_SKIP_BYTES = 8 << 20  # one scratch buffer for the bytes between a rank's items
 
 
 class VerifyingReader(FileSystemReader):
@@ -122,11 +121,13 @@ class VerifyingReader(FileSystemReader):
                     position += info.length
                 if (data := last[1]) is not None:  # else read into place
                     _deliver(item, data, planner, self.layouts)
-            if hasher is not None:
-                shard.skip(None)
-        if hasher is not None and f"{digest.XXH3}:{hasher.hexdigest()}" != expected:
+            if hasher is None:
+                return
+            shard.skip(None)
+        actual = f"{digest.XXH3}:{hasher.hexdigest()}"
+        if actual != expected:
             assert expected is not None
-            raise CheckpointError(mismatch(path, expected, f"{digest.XXH3}:{hasher.hexdigest()}"))
+            raise CheckpointError(mismatch(path, expected, actual))
 
     def _item(
         self, shard: "_ShardFile", item: Any, info: Any, planner: LoadPlanner, alone: bool
@@ -177,8 +178,8 @@ class _ShardFile:
     handle: Any
     path: pathlib.Path
     hasher: Any
-    scratch: memoryview = dataclasses.field(
-        default_factory=lambda: memoryview(bytearray(_SKIP_BYTES))
+    scratch: memoryview = dataclasses.field(  # for the bytes between a rank's items
+        default_factory=lambda: memoryview(bytearray(digest.READ_BYTES))
     )
 
     def read(self, length: int) -> bytes:
@@ -206,15 +207,7 @@ class _ShardFile:
             if count:  # a seek drops the read buffer: only past a gap
                 self.handle.seek(count, io.SEEK_CUR)
             return count
-        total = 0
-        while count is None or total < count:
-            want = len(self.scratch) if count is None else min(len(self.scratch), count - total)
-            n = self.handle.readinto(self.scratch[:want])
-            if not n:
-                break
-            self.hasher.update(self.scratch[:n])
-            total += n
-        return total
+        return digest.read_hashing(self.handle, self.hasher, self.scratch, count, reuse=True)
 
     def _truncated(self) -> CheckpointError:
         return CheckpointError(

@@ -59,7 +59,7 @@ def test_verification_reads_in_chunks_and_still_catches_damage(tmp_path, damage,
     from hpcddp.errors import CheckpointError
     from hpcddp.storage import digest
 
-    monkeypatch.setattr(digest, "_READ_BYTES", 4096)
+    monkeypatch.setattr(digest, "READ_BYTES", 4096)
     store = CheckpointStore(tmp_path)
     path = store.save(1, {"w": torch.randn(10_000)})
     store.verify(path)
